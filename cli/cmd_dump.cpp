@@ -1,0 +1,75 @@
+// llmdiff dump --engine ref|impl --model DIR (--tokens 1,2,3 | --replay DUMP)
+//   [--decode N] [--chunks 4,3] [--dtype D] [--threads N] [--inject BUG]...
+//   [--sites GLOB,...] --out FILE
+// Runs a scenario through one engine and streams every canonical
+// intermediate into an llm-dump/1 file.
+#include <fmt/core.h>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "dumps/errors.h"
+#include "impl/bugs.h"
+
+namespace llmdiff::cli {
+
+struct DumpOptions {
+  std::string engine = "ref";
+  std::string model, tokens, replay, chunks, sites, out;
+  int decode = 0;
+  EngineOptions engine_opts;
+  bool list_bugs = false;
+};
+
+namespace {
+
+int list_bugs() {
+  for (const auto& b : impl::all_bugs()) fmt::print("{:<22} {}\n", b.name, b.description);
+  return 0;
+}
+
+int run_dump(const DumpOptions& o) {
+  if (o.list_bugs) return list_bugs();
+  if (o.model.empty()) throw UsageError("--model is required");
+  if (o.out.empty()) throw UsageError("--out is required");
+  Model model = Model::load(o.model);
+  Scenario sc = scenario_from_options(o.tokens, o.replay, o.chunks, o.decode);
+  auto engine = make_engine(o.engine, model, o.engine_opts);
+  DumpWriter writer(o.out);
+  if (!o.sites.empty()) writer.set_filter(split_list(o.sites));
+  writer.mutable_manifest() = make_manifest(*engine, model, o.model, sc);
+  std::vector<int64_t> generated = run_scenario(*engine, sc, writer);
+  writer.finish();
+  std::string gen;
+  for (int64_t t : generated) gen += (gen.empty() ? "" : ",") + std::to_string(t);
+  fmt::print("wrote {} ({} engine, {}, {} forward calls; greedy tokens {})\n", o.out, o.engine, engine->dtype_name(),
+             sc.steps.size() + size_t(sc.decode), gen);
+  return 0;
+}
+
+}  // namespace
+
+void setup_dump(CLI::App& app, Action& action) {
+  auto o = std::make_shared<DumpOptions>();
+  CLI::App* sub = app.add_subcommand("dump", "Run a model through the ref or impl engine and write every "
+                                             "canonical intermediate to an llm-dump/1 file");
+  sub->add_option("--engine", o->engine, "ref (libtorch, HF numerics) or impl (plain C++)")
+      ->check(CLI::IsMember({"ref", "impl"}));
+  sub->add_option("--model", o->model, "HF model directory (config.json + safetensors)");
+  sub->add_option("--tokens", o->tokens, "prompt token ids, comma separated");
+  sub->add_option("--replay", o->replay, "re-run exactly the forward calls of this dump");
+  sub->add_option("--decode", o->decode, "greedy decode steps after the prompt")->check(CLI::NonNegativeNumber);
+  sub->add_option("--chunks", o->chunks, "chunked prefill: chunk sizes, comma separated");
+  sub->add_option("--dtype", o->engine_opts.dtype, "ref compute dtype: float32, bfloat16, float16, float64 "
+                                                   "(default: the checkpoint's torch_dtype)");
+  sub->add_option("--threads", o->engine_opts.threads, "threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  sub->add_option("--max-seq", o->engine_opts.max_seq, "impl KV cache capacity (default: max_position_embeddings)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--inject", o->engine_opts.inject, "impl: switch on a bug of the zoo (repeatable; see --list-bugs)");
+  sub->add_option("--sites", o->sites, "record only names matching these globs, comma separated "
+                                       "(e.g. 'step*.layers.*.out,step*.logits')");
+  sub->add_option("--out", o->out, "output dump file");
+  sub->add_flag("--list-bugs", o->list_bugs, "list the bugs --inject knows and exit");
+  sub->callback([o, &action] { action = [o] { return run_dump(*o); }; });
+}
+
+}  // namespace llmdiff::cli

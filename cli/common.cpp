@@ -1,0 +1,98 @@
+#include "cli/common.h"
+
+#include <thread>
+
+#include "dumps/errors.h"
+#include "impl/impl_engine.h"
+#include "ref/ref_engine.h"
+
+namespace llmdiff::cli {
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t comma = text.find(',', start);
+    if (comma == std::string::npos) comma = text.size();
+    std::string item = text.substr(start, comma - start);
+    while (!item.empty() && item.front() == ' ') item.erase(item.begin());
+    while (!item.empty() && item.back() == ' ') item.pop_back();
+    if (!item.empty()) out.push_back(item);
+    start = comma + 1;
+  }
+  return out;
+}
+
+std::vector<int64_t> parse_int_list(const std::string& text, const std::string& option) {
+  std::vector<int64_t> out;
+  for (const auto& item : split_list(text)) {
+    try {
+      size_t used = 0;
+      long long v = std::stoll(item, &used);
+      if (used != item.size()) throw std::invalid_argument(item);
+      out.push_back(v);
+    } catch (const std::exception&) {
+      throw UsageError(option + ": '" + item + "' is not an integer");
+    }
+  }
+  if (out.empty()) throw UsageError(option + ": empty list");
+  return out;
+}
+
+std::unique_ptr<Engine> make_engine(const std::string& which, const Model& model, const EngineOptions& opt) {
+  if (which == "ref") {
+    if (!opt.inject.empty()) throw UsageError("--inject applies to the impl engine only (the ref is the golden model)");
+    ref::RefOptions r;
+    r.dtype = opt.dtype.empty() ? model.config.default_dtype() : parse_compute_dtype(opt.dtype);
+    r.threads = opt.threads;
+    return ref::make_ref_engine(model, r);
+  }
+  if (which == "impl") {
+    if (!opt.dtype.empty() && parse_compute_dtype(opt.dtype) != ComputeDType::Float32)
+      throw UsageError("the impl computes in float32 (weights in their stored dtype); --dtype " + opt.dtype +
+                       " applies to the ref only");
+    impl::ImplOptions o;
+    o.threads = opt.threads;
+    o.max_seq = opt.max_seq;
+    for (const auto& b : opt.inject) o.bugs.push_back(impl::parse_bug(b));
+    return impl::make_impl_engine(model, o);
+  }
+  throw UsageError("unknown engine '" + which + "' (supported: ref, impl)");
+}
+
+Manifest make_manifest(const Engine& engine, const Model& model, const std::string& model_dir, const Scenario& sc) {
+  Manifest m;
+  m.producer = engine.producer();
+  m.model = dir_name(model_dir);
+  m.config = model.config.raw_json;
+  m.scenario = sc.name;
+  m.steps = int(sc.steps.size()) + sc.decode;
+  m.dtype = engine.dtype_name();
+  return m;
+}
+
+Scenario scenario_from_options(const std::string& tokens, const std::string& replay, const std::string& chunks,
+                               int decode) {
+  if (tokens.empty() == replay.empty()) throw UsageError("give exactly one of --tokens or --replay");
+  if (!replay.empty()) {
+    if (!chunks.empty()) throw UsageError("--chunks cannot be combined with --replay (the dump's own steps are used)");
+    Scenario sc = replay_scenario(DumpFile(replay));
+    if (decode > 0) {
+      sc.decode = decode;
+      sc.emit_generated = true;
+    }
+    return sc;
+  }
+  return make_scenario(parse_int_list(tokens, "--tokens"), chunks.empty() ? std::vector<int64_t>{}
+                                                                          : parse_int_list(chunks, "--chunks"),
+                       decode);
+}
+
+std::string dir_name(const std::string& path) {
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  size_t slash = p.rfind('/');
+  return slash == std::string::npos ? p : p.substr(slash + 1);
+}
+
+}  // namespace llmdiff::cli

@@ -1,0 +1,37 @@
+// llmdiff: find where and why an LLM implementation diverges from HuggingFace.
+// Exit codes: 0 ok / within tolerance, 1 divergence found, 2 usage or input error.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+
+#include "cli/commands.h"
+#include "dumps/errors.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"llmdiff: layer-by-layer diffs of LLM inference against HuggingFace transformers"};
+  app.require_subcommand(1);
+  llmdiff::cli::Action action;
+  llmdiff::cli::setup_inspect(app, action);
+  llmdiff::cli::setup_dump(app, action);
+  llmdiff::cli::setup_synth(app, action);
+  llmdiff::cli::setup_bench(app, action);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;
+  }
+  try {
+    return action ? action() : 2;
+  } catch (const llmdiff::Error& e) {
+    std::fprintf(stderr, "llmdiff: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "llmdiff: error: %s\n", e.what());
+    return 2;
+  }
+}

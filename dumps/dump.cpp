@@ -1,0 +1,222 @@
+#include "dumps/dump.h"
+
+#include <algorithm>
+#include <set>
+
+#include "dumps/errors.h"
+
+namespace llmdiff {
+
+// ------------------------------------------------------------------ Manifest
+
+std::map<std::string, std::string> Manifest::to_map() const {
+  std::map<std::string, std::string> m = extra;
+  m["format"] = format;
+  m["producer"] = producer;
+  m["model"] = model;
+  m["config"] = config;
+  m["scenario"] = scenario;
+  m["steps"] = std::to_string(steps);
+  m["dtype"] = dtype;
+  return m;
+}
+
+Manifest Manifest::from_map(const std::map<std::string, std::string>& m) {
+  Manifest out;
+  out.format.clear();
+  for (const auto& [k, v] : m) {
+    if (k == "format") out.format = v;
+    else if (k == "producer") out.producer = v;
+    else if (k == "model") out.model = v;
+    else if (k == "config") out.config = v;
+    else if (k == "scenario") out.scenario = v;
+    else if (k == "dtype") out.dtype = v;
+    else if (k == "steps") {
+      try {
+        size_t used = 0;
+        out.steps = std::stoi(v, &used);
+        if (used != v.size() || out.steps < 0) out.steps = 0;
+      } catch (const std::exception&) {
+        out.steps = 0;
+      }
+    } else {
+      out.extra[k] = v;
+    }
+  }
+  return out;
+}
+
+// ------------------------------------------------------------- TensorSource
+
+int TensorSource::num_steps() const {
+  int steps = 0;
+  for (const auto& n : names()) {
+    CanonName c = parse_name(n);
+    if (c.step >= 0) steps = std::max(steps, c.step + 1);
+  }
+  return std::max(steps, manifest().steps);
+}
+
+std::vector<std::vector<int64_t>> TensorSource::step_tokens() const {
+  std::vector<std::vector<int64_t>> out;
+  for (int s = 0; s < num_steps(); ++s) {
+    const std::string name = step_name(s, "tokens");
+    if (!has(name)) throw MissingTensorError(label(), name);
+    TensorData t = get(name);
+    if (!t.is_int || t.shape.size() != 1)
+      throw FormatError(label(), name, "expected an integer tensor of shape [T], got " + shape_str(t.shape));
+    out.push_back(t.i);
+  }
+  return out;
+}
+
+// ------------------------------------------------------------------ DumpFile
+
+DumpFile::DumpFile(const std::string& path) : file_(path) {
+  const auto& meta = file_.metadata();
+  auto f = meta.find("format");
+  is_dump_ = f != meta.end() && f->second == kDumpFormat;
+  manifest_ = Manifest::from_map(meta);
+}
+
+std::vector<std::string> DumpFile::names() const {
+  std::vector<std::string> v;
+  v.reserve(file_.tensors().size());
+  for (const auto& t : file_.tensors()) v.push_back(t.name);
+  sort_canonical(v);
+  return v;
+}
+
+bool DumpFile::has(const std::string& name) const { return file_.find(name) != nullptr; }
+
+Shape DumpFile::shape(const std::string& name) const { return file_.at(name).shape; }
+
+TensorData DumpFile::get(const std::string& name) const {
+  const TensorInfo& info = file_.at(name);
+  TensorData t;
+  t.name = name;
+  t.shape = info.shape;
+  t.stored = info.dtype;
+  t.is_int = !dtype_is_float(info.dtype);
+  if (t.is_int) t.i = file_.to_i64(info);
+  else t.f = file_.to_f32(info);
+  return t;
+}
+
+// ------------------------------------------------------------------- globs
+
+bool glob_match(const std::string& p, const std::string& s) {
+  size_t pi = 0, si = 0, star = std::string::npos, mark = 0;
+  while (si < s.size()) {
+    if (pi < p.size() && (p[pi] == '?' || p[pi] == s[si])) {
+      ++pi, ++si;
+    } else if (pi < p.size() && p[pi] == '*') {
+      star = pi++;
+      mark = si;
+    } else if (star != std::string::npos) {
+      pi = star + 1;
+      si = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (pi < p.size() && p[pi] == '*') ++pi;
+  return pi == p.size();
+}
+
+bool any_glob_match(const std::vector<std::string>& patterns, const std::string& text) {
+  for (const auto& p : patterns)
+    if (glob_match(p, text)) return true;
+  return false;
+}
+
+// ---------------------------------------------------------------- MemoryDump
+
+MemoryDump::MemoryDump(std::string label) : label_(std::move(label)) {}
+
+bool MemoryDump::wants(const std::string& name) const { return globs_.empty() || any_glob_match(globs_, name); }
+
+void MemoryDump::on_f32(const std::string& name, const Shape& shape, const float* data) {
+  TensorData t;
+  t.name = name;
+  t.shape = shape;
+  t.stored = DType::F32;
+  t.f.assign(data, data + numel(shape));
+  put(std::move(t));
+}
+
+void MemoryDump::on_i64(const std::string& name, const Shape& shape, const int64_t* data) {
+  TensorData t;
+  t.name = name;
+  t.shape = shape;
+  t.is_int = true;
+  t.stored = DType::I64;
+  t.i.assign(data, data + numel(shape));
+  put(std::move(t));
+}
+
+std::vector<std::string> MemoryDump::names() const {
+  std::vector<std::string> v;
+  v.reserve(tensors_.size());
+  for (const auto& kv : tensors_) v.push_back(kv.first);
+  sort_canonical(v);
+  return v;
+}
+
+bool MemoryDump::has(const std::string& name) const { return tensors_.count(name) != 0; }
+
+Shape MemoryDump::shape(const std::string& name) const {
+  const TensorData* t = find(name);
+  if (!t) throw MissingTensorError(label_, name);
+  return t->shape;
+}
+
+TensorData MemoryDump::get(const std::string& name) const {
+  const TensorData* t = find(name);
+  if (!t) throw MissingTensorError(label_, name);
+  return *t;
+}
+
+const TensorData* MemoryDump::find(const std::string& name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : &it->second;
+}
+
+void MemoryDump::put(TensorData t) {
+  std::string name = t.name;
+  tensors_[name] = std::move(t);
+}
+
+void MemoryDump::erase(const std::string& name) { tensors_.erase(name); }
+
+void MemoryDump::save(const std::string& path) const {
+  SafetensorsWriter w(path);
+  for (const auto& [k, v] : manifest_.to_map()) w.set_metadata(k, v);
+  for (const auto& name : names()) {
+    const TensorData& t = tensors_.at(name);
+    if (t.is_int) w.add_i64(name, t.shape, t.i.data());
+    else w.add_f32(name, t.shape, t.f.data());
+  }
+  w.finish();
+}
+
+// ---------------------------------------------------------------- DumpWriter
+
+DumpWriter::DumpWriter(const std::string& path) : writer_(path) {}
+
+bool DumpWriter::wants(const std::string& name) const { return globs_.empty() || any_glob_match(globs_, name); }
+
+void DumpWriter::on_f32(const std::string& name, const Shape& shape, const float* data) {
+  writer_.add_f32(name, shape, data);
+}
+
+void DumpWriter::on_i64(const std::string& name, const Shape& shape, const int64_t* data) {
+  writer_.add_i64(name, shape, data);
+}
+
+void DumpWriter::finish() {
+  for (const auto& [k, v] : manifest_.to_map()) writer_.set_metadata(k, v);
+  writer_.finish();
+}
+
+}  // namespace llmdiff

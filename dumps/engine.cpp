@@ -1,0 +1,80 @@
+#include "dumps/engine.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "dumps/errors.h"
+
+namespace llmdiff {
+
+int64_t argmax_first(const std::vector<float>& v) {
+  int64_t best = 0;
+  for (size_t i = 1; i < v.size(); ++i)
+    if (v[i] > v[size_t(best)]) best = int64_t(i);
+  return best;
+}
+
+Scenario make_scenario(const std::vector<int64_t>& tokens, const std::vector<int64_t>& chunks, int decode) {
+  if (tokens.empty()) throw UsageError("no input tokens");
+  if (decode < 0) throw UsageError("--decode must be >= 0");
+  Scenario sc;
+  if (chunks.empty()) {
+    sc.steps.push_back(tokens);
+  } else {
+    int64_t total = 0;
+    for (int64_t c : chunks) {
+      if (c <= 0) throw UsageError("chunk sizes must be positive");
+      total += c;
+    }
+    if (total != int64_t(tokens.size()))
+      throw UsageError("chunk sizes add up to " + std::to_string(total) + " but there are " +
+                       std::to_string(tokens.size()) + " tokens");
+    size_t at = 0;
+    for (int64_t c : chunks) {
+      sc.steps.emplace_back(tokens.begin() + long(at), tokens.begin() + long(at + size_t(c)));
+      at += size_t(c);
+    }
+  }
+  sc.decode = decode;
+  sc.first_generating_step = int(sc.steps.size()) - 1;
+  sc.emit_generated = decode > 0;
+  sc.name = decode > 0 ? "decode" : (sc.steps.size() > 1 ? "chunked" : "prefill");
+  return sc;
+}
+
+Scenario replay_scenario(const TensorSource& dump) {
+  Scenario sc;
+  sc.steps = dump.step_tokens();
+  if (sc.steps.empty()) throw FormatError(dump.label(), "step0.tokens", "dump holds no forward calls to replay");
+  for (size_t s = 0; s < sc.steps.size(); ++s)
+    if (sc.steps[s].empty())
+      throw FormatError(dump.label(), step_name(int(s), "tokens"), "a forward call with no tokens");
+  sc.emit_generated = dump.has("generated");
+  if (sc.emit_generated) {
+    const int64_t m = numel(dump.shape("generated"));
+    sc.first_generating_step = int(std::max<int64_t>(0, int64_t(sc.steps.size()) - m));
+  } else {
+    sc.first_generating_step = int(sc.steps.size()) - 1;
+  }
+  sc.name = dump.manifest().scenario.empty() ? "replay" : dump.manifest().scenario;
+  return sc;
+}
+
+std::vector<int64_t> run_scenario(Engine& engine, const Scenario& sc, Observer& obs) {
+  engine.reset();
+  std::vector<int64_t> generated;
+  int step = 0;
+  for (const auto& tokens : sc.steps) {
+    std::vector<float> logits = engine.forward(tokens, step, obs);
+    if (step++ >= sc.first_generating_step) generated.push_back(argmax_first(logits));
+  }
+  for (int d = 0; d < sc.decode; ++d) {
+    std::vector<float> logits = engine.forward({generated.back()}, step++, obs);
+    generated.push_back(argmax_first(logits));
+  }
+  if (sc.emit_generated && obs.wants("generated"))
+    obs.on_i64("generated", {int64_t(generated.size())}, generated.data());
+  return generated;
+}
+
+}  // namespace llmdiff

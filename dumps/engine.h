@@ -1,0 +1,51 @@
+// What every engine (the libtorch ref, the plain C++ impl) offers, and the
+// driver that runs a scenario (prefill, greedy decode, chunked prefill,
+// replay of an existing dump) through one, reporting to an Observer.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dumps/dump.h"
+#include "dumps/observer.h"
+
+namespace llmdiff {
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  // Empties the KV cache: the next forward call is step 0 at position 0.
+  virtual void reset() = 0;
+  // One forward call over `tokens`, at positions P..P+T-1 where P is what the
+  // cache holds. Reports every site of step `step` (and rope.inv_freq on step
+  // 0) through `obs`, and returns next_logits [V] as float32.
+  virtual std::vector<float> forward(const std::vector<int64_t>& tokens, int step, Observer& obs) = 0;
+  virtual std::string producer() const = 0;     // for the manifest
+  virtual std::string dtype_name() const = 0;    // compute dtype, spec spelling
+};
+
+struct Scenario {
+  std::string name = "prefill";                // manifest `scenario`
+  std::vector<std::vector<int64_t>> steps;     // tokens of each given forward call
+  int decode = 0;                              // greedy decode calls after the given ones
+  bool emit_generated = false;                 // write `generated` (decode scenarios)
+  // `generated` holds the argmax of next_logits of every step from this one
+  // on (the last prompt call and each decode call).
+  int first_generating_step = 0;
+};
+
+// --tokens 1,2,3 [--chunks 4,3] [--decode N]. Chunk sizes must add up to the
+// token count. Throws UsageError.
+Scenario make_scenario(const std::vector<int64_t>& tokens, const std::vector<int64_t>& chunks, int decode);
+// Exactly the forward calls of an existing dump (each step's own tokens);
+// `generated` is emitted when the dump has it.
+Scenario replay_scenario(const TensorSource& dump);
+
+// Runs the scenario from an empty cache: every forward call reports step k's
+// sites, then `generated` (argmax of each step's next_logits, first index on
+// ties) when the scenario asks for it. Returns generated.
+std::vector<int64_t> run_scenario(Engine& engine, const Scenario& sc, Observer& obs);
+
+int64_t argmax_first(const std::vector<float>& v);
+
+}  // namespace llmdiff

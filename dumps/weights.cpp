@@ -1,0 +1,149 @@
+#include "dumps/weights.h"
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <sys/stat.h>
+
+#include "dumps/errors.h"
+
+namespace llmdiff {
+
+namespace {
+bool file_exists(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+}  // namespace
+
+ModelWeights::ModelWeights(const std::string& model_dir, const ModelConfig& cfg) : cfg_(cfg), dir_(model_dir) {
+  const std::string single = model_dir + "/model.safetensors";
+  const std::string index = model_dir + "/model.safetensors.index.json";
+  std::vector<std::pair<std::string, std::string>> map;  // tensor -> file
+  if (file_exists(single)) {
+    files_.push_back(std::make_unique<SafetensorsFile>(single));
+    for (const auto& t : files_[0]->tensors()) name_to_file_.emplace_back(t.name, 0);
+  } else if (file_exists(index)) {
+    std::ifstream in(index, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(ss.str());
+    } catch (const nlohmann::json::exception& e) {
+      throw FormatError(index, "", std::string("not valid JSON: ") + e.what());
+    }
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+      throw FormatError(index, "", "lacks a 'weight_map' object");
+    std::map<std::string, size_t> file_index;
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+      if (!it.value().is_string()) throw FormatError(index, it.key(), "weight_map entry is not a file name");
+      const std::string shard = it.value().get<std::string>();
+      if (shard.find('/') != std::string::npos || shard == "..")
+        throw FormatError(index, it.key(), "shard name '" + shard + "' is not a plain file name");
+      auto [pos, inserted] = file_index.emplace(shard, files_.size());
+      if (inserted) files_.push_back(std::make_unique<SafetensorsFile>(model_dir + "/" + shard));
+      if (!files_[pos->second]->find(it.key()))
+        throw MissingTensorError(model_dir + "/" + shard, it.key());
+      name_to_file_.emplace_back(it.key(), pos->second);
+    }
+  } else {
+    throw IoError(model_dir, "no model.safetensors or model.safetensors.index.json (only safetensors checkpoints are supported)");
+  }
+  std::sort(name_to_file_.begin(), name_to_file_.end());
+
+  const int64_t D = cfg.hidden_size, F = cfg.intermediate_size, V = cfg.vocab_size, Dh = cfg.head_dim;
+  const int64_t QD = cfg.q_dim(), KD = cfg.kv_dim();
+  embed = require("model.embed_tokens.weight", {V, D});
+  final_norm = require("model.norm.weight", {D});
+  if (cfg.tie_word_embeddings) {
+    lm_head = embed;
+    lm_head_tied = true;
+  } else {
+    lm_head = require("lm_head.weight", {V, D});
+  }
+  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    LayerWeights L;
+    L.input_norm = require(p + "input_layernorm.weight", {D});
+    L.post_attn_norm = require(p + "post_attention_layernorm.weight", {D});
+    L.q = require(p + "self_attn.q_proj.weight", {QD, D});
+    L.k = require(p + "self_attn.k_proj.weight", {KD, D});
+    L.v = require(p + "self_attn.v_proj.weight", {KD, D});
+    L.o = require(p + "self_attn.o_proj.weight", {D, QD});
+    if (cfg.qkv_bias) {
+      L.q_bias = require(p + "self_attn.q_proj.bias", {QD});
+      L.k_bias = require(p + "self_attn.k_proj.bias", {KD});
+      L.v_bias = require(p + "self_attn.v_proj.bias", {KD});
+    }
+    if (cfg.o_bias) L.o_bias = require(p + "self_attn.o_proj.bias", {D});
+    if (cfg.qk_norm) {
+      L.q_norm = require(p + "self_attn.q_norm.weight", {Dh});
+      L.k_norm = require(p + "self_attn.k_norm.weight", {Dh});
+    }
+    L.gate = require(p + "mlp.gate_proj.weight", {F, D});
+    L.up = require(p + "mlp.up_proj.weight", {F, D});
+    L.down = require(p + "mlp.down_proj.weight", {D, F});
+    layers.push_back(std::move(L));
+  }
+}
+
+WeightView ModelWeights::find(const std::string& name) const {
+  auto it = std::lower_bound(name_to_file_.begin(), name_to_file_.end(), std::make_pair(name, size_t(0)),
+                             [](const auto& a, const auto& b) { return a.first < b.first; });
+  if (it == name_to_file_.end() || it->first != name) return {};
+  const SafetensorsFile& f = *files_[it->second];
+  const TensorInfo& t = f.at(name);
+  WeightView w;
+  w.name = name;
+  w.file = f.path();
+  w.dtype = t.dtype;
+  w.shape = t.shape;
+  w.data = f.data(t);
+  if (w.data == nullptr || t.nbytes() == 0) {
+    // A zero-sized weight cannot be a real parameter of these models.
+    throw FormatError(f.path(), name, "empty tensor " + shape_str(t.shape));
+  }
+  return w;
+}
+
+WeightView ModelWeights::require(const std::string& name, const Shape& shape) const {
+  WeightView w = find(name);
+  if (!w) throw MissingTensorError(files_.size() == 1 ? files_[0]->path() : dir_ + "/model.safetensors.index.json", name);
+  if (w.shape != shape) throw ShapeError(w.file, name, shape_str(shape), shape_str(w.shape));
+  if (w.dtype != DType::F32 && w.dtype != DType::BF16 && w.dtype != DType::F16)
+    throw FormatError(w.file, name, std::string("unsupported weight dtype ") + dtype_name(w.dtype) + " (supported: F32, BF16, F16)");
+  return w;
+}
+
+WeightView ModelWeights::optional(const std::string& name, const Shape& shape) const {
+  if (!find(name)) return {};
+  return require(name, shape);
+}
+
+size_t ModelWeights::total_bytes() const {
+  std::set<const void*> seen;
+  size_t total = 0;
+  auto add = [&](const WeightView& w) {
+    if (w && seen.insert(w.data).second) total += size_t(w.numel()) * dtype_size(w.dtype);
+  };
+  add(embed);
+  add(final_norm);
+  add(lm_head);
+  for (const auto& L : layers)
+    for (const WeightView* w : {&L.input_norm, &L.post_attn_norm, &L.q, &L.k, &L.v, &L.o, &L.q_bias, &L.k_bias,
+                                &L.v_bias, &L.o_bias, &L.q_norm, &L.k_norm, &L.gate, &L.up, &L.down})
+      add(*w);
+  return total;
+}
+
+Model Model::load(const std::string& dir) {
+  Model m;
+  m.config = load_config(dir);
+  m.weights = std::make_shared<ModelWeights>(dir, m.config);
+  return m;
+}
+
+}  // namespace llmdiff

@@ -1,0 +1,70 @@
+// HF checkpoint weights: model.safetensors or a sharded
+// model.safetensors.index.json, mmapped, looked up by HF name and checked
+// against the config. Nothing is copied: views point into the maps.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dumps/config.h"
+#include "dumps/safetensors.h"
+
+namespace llmdiff {
+
+// A weight in place: stored dtype, shape and a pointer into the mmap.
+struct WeightView {
+  std::string name;  // HF name
+  std::string file;  // safetensors file it lives in
+  DType dtype = DType::F32;
+  Shape shape;
+  const void* data = nullptr;
+  explicit operator bool() const { return data != nullptr; }
+  int64_t numel() const { return llmdiff::numel(shape); }
+};
+
+struct LayerWeights {
+  WeightView input_norm, post_attn_norm;            // [D]
+  WeightView q, k, v, o;                            // [Hq*Dh, D], [Hkv*Dh, D] x2, [D, Hq*Dh]
+  WeightView q_bias, k_bias, v_bias, o_bias;        // optional
+  WeightView q_norm, k_norm;                        // [Dh], Qwen3 only
+  WeightView gate, up, down;                        // [F, D], [F, D], [D, F]
+};
+
+class ModelWeights {
+ public:
+  // Loads every tensor the config needs; throws MissingTensorError /
+  // ShapeError / FormatError naming the file and tensor. Weights must be
+  // F32, BF16 or F16.
+  ModelWeights(const std::string& model_dir, const ModelConfig& cfg);
+
+  const ModelConfig& config() const { return cfg_; }
+  const std::string& dir() const { return dir_; }
+  WeightView embed;                 // [V, D]
+  WeightView final_norm;            // [D]
+  WeightView lm_head;               // [V, D]; == embed when tied
+  bool lm_head_tied = false;
+  std::vector<LayerWeights> layers;
+  DType storage_dtype() const { return embed.dtype; }
+  size_t total_bytes() const;       // bytes of distinct weights
+  // Any tensor by HF name (nullptr view if absent).
+  WeightView find(const std::string& hf_name) const;
+  // The checkpoint's safetensors files (one, or the shards of the index).
+  const std::vector<std::unique_ptr<SafetensorsFile>>& files() const { return files_; }
+
+ private:
+  WeightView require(const std::string& name, const Shape& shape) const;
+  WeightView optional(const std::string& name, const Shape& shape) const;
+  ModelConfig cfg_;
+  std::string dir_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::vector<std::pair<std::string, size_t>> name_to_file_;  // sorted by name
+};
+
+// A model directory loaded as a whole.
+struct Model {
+  ModelConfig config;
+  std::shared_ptr<ModelWeights> weights;
+  static Model load(const std::string& dir);
+};
+
+}  // namespace llmdiff

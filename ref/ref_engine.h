@@ -1,0 +1,20 @@
+// The golden model: a libtorch re-statement of HuggingFace transformers
+// 4.51.3's eager Llama / Qwen2 / Qwen3 forward, op for op.
+#pragma once
+#include <memory>
+
+#include "dumps/config.h"
+#include "dumps/engine.h"
+#include "dumps/weights.h"
+
+namespace llmdiff::ref {
+
+struct RefOptions {
+  ComputeDType dtype = ComputeDType::Float32;  // callers default it to the checkpoint's torch_dtype
+  int threads = 0;                             // 0: all cores
+};
+
+// Throws UsageError / ConfigError for a config or dtype the ref cannot run.
+std::unique_ptr<Engine> make_ref_engine(const Model& model, const RefOptions& opt);
+
+}  // namespace llmdiff::ref

@@ -1,0 +1,82 @@
+#include "tests/support.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+namespace llmdiff::testing {
+
+std::string source_dir() { return LLMDIFF_SOURCE_DIR; }
+std::string golden_dir() { return source_dir() + "/tests/golden"; }
+
+std::vector<std::string> golden_models() {
+  std::vector<std::string> out;
+  DIR* d = ::opendir(golden_dir().c_str());
+  if (!d) throw std::runtime_error("cannot open " + golden_dir());
+  while (dirent* e = ::readdir(d)) {
+    std::string name = e->d_name;
+    struct stat st {};
+    if (name[0] != '.' && ::stat((golden_dir() + "/" + name + "/config.json").c_str(), &st) == 0) out.push_back(name);
+  }
+  ::closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string golden_model(const std::string& name) { return golden_dir() + "/" + name; }
+std::string golden_dump(const std::string& model, const std::string& scenario) {
+  return golden_model(model) + "/" + scenario + ".safetensors";
+}
+
+std::string temp_path(const std::string& stem) {
+  static const std::string dir = [] {
+    std::string base = "/tmp/llmdiff-test-" + std::to_string(::getpid());
+    ::mkdir(base.c_str(), 0700);
+    return base;
+  }();
+  return dir + "/" + stem;
+}
+
+static void check_same_shape(const TensorData& a, const TensorData& b) {
+  if (a.shape != b.shape) throw std::runtime_error(a.name + ": shape " + shape_str(a.shape) + " vs " + shape_str(b.shape));
+  if (a.is_int != b.is_int) throw std::runtime_error(a.name + ": integer vs float tensor");
+}
+
+double max_abs_diff(const TensorData& a, const TensorData& b) {
+  check_same_shape(a, b);
+  double m = 0;
+  if (a.is_int) {
+    for (size_t k = 0; k < a.i.size(); ++k) m = std::max(m, std::fabs(double(a.i[k] - b.i[k])));
+    return m;
+  }
+  for (size_t k = 0; k < a.f.size(); ++k) {
+    double d = std::fabs(double(a.f[k]) - double(b.f[k]));
+    if (std::isnan(d)) return INFINITY;
+    m = std::max(m, d);
+  }
+  return m;
+}
+
+double max_abs(const TensorData& a) {
+  double m = 0;
+  for (float v : a.f) m = std::max(m, std::fabs(double(v)));
+  for (int64_t v : a.i) m = std::max(m, std::fabs(double(v)));
+  return m;
+}
+
+double nmse(const TensorData& a, const TensorData& b) {
+  check_same_shape(a, b);
+  double num = 0, den = 0;
+  for (size_t k = 0; k < a.f.size(); ++k) {
+    double d = double(a.f[k]) - double(b.f[k]);
+    num += d * d;
+    den += double(b.f[k]) * double(b.f[k]);
+  }
+  return den > 0 ? num / den : (num > 0 ? INFINITY : 0.0);
+}
+
+}  // namespace llmdiff::testing

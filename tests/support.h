@@ -1,0 +1,23 @@
+// Helpers shared by the test binaries (depends on dumps/ only).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "dumps/dump.h"
+
+namespace llmdiff::testing {
+
+std::string source_dir();              // the project root
+std::string golden_dir();              // tests/golden
+std::vector<std::string> golden_models();  // model directory names under tests/golden, sorted
+std::string golden_model(const std::string& name);                          // tests/golden/NAME
+std::string golden_dump(const std::string& model, const std::string& scenario);  // .../NAME/SCENARIO.safetensors
+std::string temp_path(const std::string& stem);  // a fresh path in a per-process temp dir
+
+// max |a-b| over a tensor pair (shapes must match; throws otherwise).
+double max_abs_diff(const TensorData& a, const TensorData& b);
+double max_abs(const TensorData& a);
+// Σ(a-b)² / Σb²
+double nmse(const TensorData& a, const TensorData& b);
+
+}  // namespace llmdiff::testing
