@@ -164,7 +164,9 @@ ModelConfig parse_config(const std::string& text, const std::string& src) {
   if (c.num_attention_heads % c.num_key_value_heads != 0)
     throw ConfigError(src, "num_attention_heads (" + std::to_string(c.num_attention_heads) +
                                ") must be a multiple of num_key_value_heads (" + std::to_string(c.num_key_value_heads) + ")");
-  if (c.family != Family::Qwen2 && r.present("head_dim")) {
+  // Every family's attention reads config.head_dim when config.json has it
+  // (Qwen2Attention inherits LlamaAttention's getattr in transformers 4.51).
+  if (r.present("head_dim")) {
     c.head_dim = r.get_int("head_dim", std::nullopt);
   } else {
     if (c.hidden_size % c.num_attention_heads != 0)
@@ -184,7 +186,10 @@ ModelConfig parse_config(const std::string& text, const std::string& src) {
   c.o_bias = c.family == Family::Qwen2 ? false : c.attention_bias;
   c.qk_norm = c.family == Family::Qwen3;
   if (c.family == Family::Qwen2 || c.family == Family::Qwen3 || c.model_type == "mistral")
-    c.sliding_window = r.present("sliding_window") ? r.get_int("sliding_window", std::nullopt) : 0;
+    // The config classes default to 4096 when the key is absent; null means none.
+    c.sliding_window = !j.contains("sliding_window") ? 4096
+                       : j["sliding_window"].is_null() ? 0
+                                                        : r.get_int("sliding_window", std::nullopt);
 
   const std::string act = r.get_str("hidden_act", "silu");
   if (act != "silu") throw ConfigError(src, "unsupported hidden_act '" + act + "' (supported: silu)");

@@ -100,6 +100,7 @@ double load_as_double(const void* data, DType t, size_t i) {
 }
 
 void convert_to_f32(const void* src, DType t, size_t n, float* dst) {
+  if (n == 0) return;  // an empty tensor may come with null pointers
   if (t == DType::F32) {
     std::memcpy(dst, src, n * 4);
     return;

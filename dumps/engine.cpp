@@ -61,6 +61,11 @@ Scenario replay_scenario(const TensorSource& dump) {
 }
 
 std::vector<int64_t> run_scenario(Engine& engine, const Scenario& sc, Observer& obs) {
+  if (sc.steps.empty()) throw UsageError("scenario '" + sc.name + "' has no forward calls");
+  if (sc.decode > 0 && sc.first_generating_step >= int(sc.steps.size()))
+    throw UsageError("scenario '" + sc.name + "' decodes but its first generating step " +
+                     std::to_string(sc.first_generating_step) + " is not one of its " +
+                     std::to_string(sc.steps.size()) + " prompt calls");
   engine.reset();
   std::vector<int64_t> generated;
   int step = 0;

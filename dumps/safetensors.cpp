@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -203,10 +204,19 @@ std::vector<float> SafetensorsFile::to_f32(const TensorInfo& t) const {
 std::vector<int64_t> SafetensorsFile::to_i64(const TensorInfo& t) const {
   std::vector<int64_t> out(size_t(t.numel()));
   const void* p = data(t);
+  if (out.empty()) return out;
   if (t.dtype == DType::I64) {
     std::memcpy(out.data(), p, out.size() * 8);
   } else {
-    for (size_t i = 0; i < out.size(); ++i) out[i] = int64_t(load_as_double(p, t.dtype, i));
+    // Float values are truncated toward zero and saturated (NaN gives 0), so
+    // that no value makes the conversion undefined.
+    for (size_t i = 0; i < out.size(); ++i) {
+      const double v = load_as_double(p, t.dtype, i);
+      if (std::isnan(v)) out[i] = 0;
+      else if (v >= 9223372036854775807.0) out[i] = INT64_MAX;
+      else if (v <= -9223372036854775808.0) out[i] = INT64_MIN;
+      else out[i] = int64_t(v);
+    }
   }
   return out;
 }
@@ -231,18 +241,39 @@ SafetensorsWriter::~SafetensorsWriter() {
   if (!data_tmp_.empty()) std::remove(data_tmp_.c_str());
 }
 
-void SafetensorsWriter::set_metadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
+namespace {
+// JSON strings must be valid UTF-8: the header could not be written otherwise.
+bool valid_utf8(const std::string& s) {
+  try {
+    (void)ojson(s).dump();
+    return true;
+  } catch (const nlohmann::json::exception&) {
+    return false;
+  }
+}
+}  // namespace
+
+void SafetensorsWriter::set_metadata(const std::string& key, const std::string& value) {
+  if (!valid_utf8(key) || !valid_utf8(value))
+    throw FormatError(path_, "__metadata__", "metadata key or value is not valid UTF-8");
+  metadata_[key] = value;
+}
 
 bool SafetensorsWriter::has(const std::string& name) const { return index_.count(name) != 0; }
 
 void SafetensorsWriter::add(const std::string& name, DType dtype, const Shape& shape, const void* data,
                             size_t nbytes) {
   if (finished_) throw IoError(path_, "tensor '" + name + "' added after finish()");
-  if (name.empty() || name == "__metadata__") throw FormatError(path_, name, "invalid tensor name");
+  if (name.empty() || name == "__metadata__" || !valid_utf8(name))
+    throw FormatError(path_, name, "invalid tensor name");
   if (has(name)) throw FormatError(path_, name, "duplicate tensor name");
-  for (int64_t d : shape)
+  uint64_t count = 1, expected = 0;
+  for (int64_t d : shape) {
     if (d < 0) throw FormatError(path_, name, "negative dimension in shape " + shape_str(shape));
-  if (size_t(numel(shape)) * dtype_size(dtype) != nbytes)
+    if (__builtin_mul_overflow(count, uint64_t(d), &count))
+      throw FormatError(path_, name, "shape " + shape_str(shape) + " overflows");
+  }
+  if (__builtin_mul_overflow(count, uint64_t(dtype_size(dtype)), &expected) || expected != nbytes)
     throw FormatError(path_, name, "byte count " + std::to_string(nbytes) + " does not match shape " +
                                        shape_str(shape) + " of " + dtype_name(dtype));
   if (nbytes && std::fwrite(data, 1, nbytes, data_) != nbytes)

@@ -4,6 +4,14 @@
 // forward calls them top to bottom; llmdiff's local-error analysis calls them
 // one at a time on a candidate's own inputs (teacher forcing).
 // Tensors carry the compute dtype unless a comment says float32.
+//
+// Every op is the same libtorch call sequence, on the same tensor layouts, as
+// the Python it mirrors, so libtorch 1.13 (the build HF's goldens come from)
+// reproduces HF's roundings, including bfloat16 matmul accumulation. Two
+// departures: float16 matmuls and SiLU, which torch 1.13 lacks on CPU, are
+// computed in float32 and rounded once (as GPU kernels do); and in float64
+// (the truth mode) the float32 up-casts of RMSNorm, softmax and RoPE become
+// float64, so that every op is evaluated in double precision.
 #pragma once
 #include <torch/torch.h>
 
@@ -17,6 +25,9 @@ torch::ScalarType torch_dtype(ComputeDType d);
 // input dtype before the weight multiply. x [..., N], w [N].
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps);
 
+// nn.Embedding: rows of table [V, D] for ids [T] (int64) -> [T, D].
+torch::Tensor embed(const torch::Tensor& table, const torch::Tensor& ids);
+
 // nn.Linear: x [T, in] @ w[out, in]^T (+ b [out]); b may be undefined.
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b);
 
@@ -24,13 +35,21 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const torch
 // "dynamic"): inverse frequencies [Dh/2] float32 after scaling, for a forward
 // whose largest position is seq_len-1, and the attention scaling (1 except yarn).
 struct RopeInit {
-  torch::Tensor inv_freq;  // [Dh/2] float32
+  torch::Tensor inv_freq;  // [Dh/2] float32 (float64 from the dtype overload)
   double attention_scaling = 1.0;
 };
+// "dynamic" depends on seq_len only past max_position_embeddings (base grown by
+// NTK); below it every type returns the frequencies of the config. A call at
+// positions P..P+T-1 of a fresh cache uses rope_init(cfg, P+T); the engine also
+// keeps dynamic_rope_update's state across calls (see ref_engine.cpp).
 RopeInit rope_init(const ModelConfig& cfg, int64_t seq_len);
+// The same in `dtype`: float32 is HF's; float64 evaluates the same formulas in
+// double precision (the truth mode).
+RopeInit rope_init(const ModelConfig& cfg, int64_t seq_len, torch::ScalarType dtype);
 
 // LlamaRotaryEmbedding.forward: cos/sin [T, Dh] (rotate-half layout, attention
-// scaling folded in) computed in float32, then cast to `dtype`.
+// scaling folded in) computed in inv_freq's dtype (float32), then cast to
+// `dtype`. positions: [T] int64.
 std::pair<torch::Tensor, torch::Tensor> rope_cos_sin(const RopeInit& r, const torch::Tensor& positions,
                                                      torch::ScalarType dtype);
 
@@ -48,7 +67,17 @@ torch::Tensor attn_scores(const torch::Tensor& q, const torch::Tensor& k_rep, do
 // ones: [T, S] of 0 (allowed) and finfo(dtype).min (masked); sliding_window > 0
 // also masks keys at distance >= window (Qwen2/Qwen3 mask construction).
 torch::Tensor causal_mask(int64_t T, int64_t P, int64_t sliding_window, torch::ScalarType dtype);
-// softmax(scores + mask, dim=-1, dtype=float32) cast back to scores' dtype.
+// The mask the model's family builds: LlamaModel's construction (triu, no
+// window) for llama, the sliding-window construction of MistralModel /
+// Qwen2Model / Qwen3Model otherwise (cfg.sliding_window, 0 = none). Without a
+// window both give the same 0 / finfo.min pattern and differ only in the sign
+// of some zeros (numerically irrelevant after the add).
+torch::Tensor causal_mask(const ModelConfig& cfg, int64_t T, int64_t P, torch::ScalarType dtype);
+// 1.0 where the additive mask allows attention (entry == 0), else 0.0: the
+// dump's `mask` site. float32 [T, S].
+torch::Tensor mask_allowed(const torch::Tensor& additive_mask);
+// softmax(scores + mask, dim=-1, dtype=float32) cast back to scores' dtype;
+// mask [T, S] broadcasts over heads.
 torch::Tensor attn_probs(const torch::Tensor& scores, const torch::Tensor& additive_mask);
 // probs [Hq, T, S] @ v_rep [Hq, S, Dh], heads merged -> [T, Hq*Dh]
 torch::Tensor attn_ctx(const torch::Tensor& probs, const torch::Tensor& v_rep);

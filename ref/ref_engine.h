@@ -15,6 +15,11 @@ struct RefOptions {
 };
 
 // Throws UsageError / ConfigError for a config or dtype the ref cannot run.
+// Sets libtorch's (process-wide) intra-op thread count: opt.threads, or all
+// cores for 0. Weights whose stored dtype is the compute dtype are used in
+// place from the mmap; others are converted once here. The engine stands for
+// one loaded HF model: reset() starts a fresh DynamicCache, while model state
+// (dynamic-NTK RoPE growth) persists as it does in HF.
 std::unique_ptr<Engine> make_ref_engine(const Model& model, const RefOptions& opt);
 
 }  // namespace llmdiff::ref
