@@ -1,0 +1,83 @@
+// llmdiff diff A B [--rtol R] [--atol A] [--tol GLOB=SPEC]... [--dtype D]
+//   [--sites GLOB,...] [--json] [--report FILE.md] [--all] [--no-layouts]
+// Compares two dumps name by name (A = reference, B = candidate): per-tensor
+// metrics against tolerances, names only one side holds, the first
+// divergence, the per-layer error trace and greedy-token agreement.
+// Exit 0 within tolerance, 1 divergence (or nothing in common), 2 bad input.
+#include <fmt/core.h>
+
+#include <cstdio>
+#include <memory>
+
+#include "cli/commands.h"
+#include "compare/compare.h"
+#include "compare/report.h"
+#include "dumps/config.h"
+#include "dumps/dump.h"
+#include "dumps/errors.h"
+
+namespace llmdiff::cli {
+
+struct DiffOptions {
+  std::string ref, cand;
+  double rtol = 0, atol = 0;
+  CLI::Option* rtol_opt = nullptr;
+  CLI::Option* atol_opt = nullptr;
+  std::vector<std::string> tol;
+  std::string dtype, sites, report;
+  bool json = false, all = false, no_layouts = false;
+};
+
+namespace {
+
+int run_diff(const DiffOptions& o) {
+  compare::CompareOptions co;
+  if (o.rtol_opt && o.rtol_opt->count()) co.rtol = o.rtol;
+  if (o.atol_opt && o.atol_opt->count()) co.atol = o.atol;
+  for (const auto& t : o.tol) co.overrides.push_back(compare::parse_tolerance_override(t));
+  if (!o.dtype.empty()) co.dtype = parse_compute_dtype(o.dtype);
+  co.sites = compare::split_list(o.sites);
+  co.explain_layouts = !o.no_layouts;
+
+  DumpFile ref(o.ref), cand(o.cand);
+  compare::DiffResult r = compare::compare_dumps(ref, cand, co);
+  if (o.json) {
+    std::fputs(compare::render_diff_json(r).c_str(), stdout);
+  } else {
+    compare::TableOptions to;
+    to.all = o.all;
+    std::fputs(compare::render_diff_table(r, to).c_str(), stdout);
+  }
+  if (!o.report.empty()) {
+    compare::write_text_atomic(o.report, compare::render_diff_markdown(r));
+    fmt::print(o.json ? stderr : stdout, "wrote report {}\n", o.report);
+  }
+  std::fflush(stdout);
+  return r.ok() ? 0 : 1;
+}
+
+}  // namespace
+
+void setup_diff(CLI::App& app, Action& action) {
+  auto o = std::make_shared<DiffOptions>();
+  CLI::App* sub = app.add_subcommand("diff", "Compare two dumps name by name (A = reference, B = candidate) and "
+                                             "localise the first divergence");
+  sub->add_option("A", o->ref, "reference dump (e.g. the HF golden dump)")->required();
+  sub->add_option("B", o->cand, "candidate dump")->required();
+  o->rtol_opt = sub->add_option("--rtol", o->rtol, "relative tolerance for every name (default: by compute dtype)")
+                    ->check(CLI::NonNegativeNumber);
+  o->atol_opt = sub->add_option("--atol", o->atol, "absolute tolerance for every name (default: by compute dtype)")
+                    ->check(CLI::NonNegativeNumber);
+  sub->add_option("--tol", o->tol, "per-name tolerance GLOB=atol:X[,rtol:Y] (repeatable; the glob matches with or "
+                                   "without the step prefix; the last matching one wins)");
+  sub->add_option("--dtype", o->dtype, "compute dtype for default tolerances and ULPs (default: the coarser of the "
+                                       "manifests' dtypes)");
+  sub->add_option("--sites", o->sites, "compare only names matching these globs, comma separated");
+  sub->add_flag("--json", o->json, "print the result as JSON (schema llmdiff.diff/1, see compare/README.md)");
+  sub->add_option("--report", o->report, "also write a Markdown report to this file");
+  sub->add_flag("--all", o->all, "print every tensor and every trace row, not only the failing ones");
+  sub->add_flag("--no-layouts", o->no_layouts, "skip the search for layout explanations of mismatches");
+  sub->callback([o, &action] { action = [o] { return run_diff(*o); }; });
+}
+
+}  // namespace llmdiff::cli

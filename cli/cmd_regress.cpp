@@ -1,0 +1,131 @@
+// llmdiff regress --golden DIR [--engine ref|impl|both] [--junit FILE] [--json]
+//   [--policy KEY=VALUE]... [--threads N] [--verbose]
+// Replays every HF dump of every model directory under DIR through the
+// engine(s) and checks the result against the regression policy
+// (compare/regress.h). Exit 0 when every case passes, 1 otherwise, 2 on bad
+// input (unreadable golden tree).
+#include <fmt/core.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "compare/regress.h"
+#include "compare/report.h"
+#include "dumps/dump.h"
+#include "dumps/engine.h"
+#include "dumps/errors.h"
+#include "dumps/weights.h"
+
+namespace llmdiff::cli {
+
+struct RegressOptions {
+  std::string golden, engine = "both", junit;
+  std::vector<std::string> policy;
+  int threads = 0;
+  bool json = false, verbose = false;
+};
+
+namespace {
+
+std::vector<compare::EngineKind> engines_of(const std::string& which) {
+  if (which == "both") return {compare::EngineKind::Ref, compare::EngineKind::Impl};
+  return {compare::parse_engine_kind(which)};
+}
+
+int run_regress(const RegressOptions& o) {
+  if (o.golden.empty()) throw UsageError("--golden is required");
+  compare::RegressionReport report;
+  report.golden = o.golden;
+  for (const auto& kv : o.policy) report.policy.set(kv);
+  const auto kinds = engines_of(o.engine);
+  const auto models = compare::discover_golden(o.golden);
+  EngineOptions eo;
+  eo.threads = o.threads;
+
+  for (const auto& gm : models) {
+    Model model = Model::load(gm.dir);
+    const ComputeDType dt = model.config.default_dtype();
+    // One engine per kind and model, reused across its dumps (run_scenario
+    // starts every scenario from an empty cache).
+    std::map<compare::EngineKind, std::unique_ptr<Engine>> engines;
+    std::map<compare::EngineKind, std::string> engine_errors;
+    for (auto k : kinds) {
+      try {
+        engines[k] = make_engine(compare::engine_kind_name(k), model, eo);
+      } catch (const std::exception& e) {
+        engine_errors[k] = e.what();
+      }
+    }
+    for (const auto& path : gm.dumps) {
+      DumpFile hf(path);
+      Scenario sc = replay_scenario(hf);
+      for (auto k : kinds) {
+        compare::RegressionCase c;
+        c.model = gm.name;
+        c.scenario = std::filesystem::path(path).stem().string();
+        c.dump = path;
+        c.engine = k;
+        c.model_dtype = dt;
+        c.rule = report.policy.describe(k, dt);
+        auto t0 = std::chrono::steady_clock::now();
+        if (engine_errors.count(k)) {
+          c.error = engine_errors[k];
+        } else {
+          try {
+            Engine& engine = *engines[k];
+            MemoryDump out(std::string(compare::engine_kind_name(k)) + " replay of " + path);
+            out.mutable_manifest() = make_manifest(engine, model, gm.dir, sc);
+            run_scenario(engine, sc, out);
+            c.diff = compare::compare_dumps(hf, out, compare::regression_options(report.policy, k, dt));
+          } catch (const std::exception& e) {
+            c.error = e.what();
+          }
+        }
+        c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        compare::evaluate_case(c, report.policy);
+        if (o.verbose)
+          fmt::print(stderr, "{} {}/{} {}: {}\n", compare::engine_kind_name(k), c.model, c.scenario,
+                     c.pass ? "PASS" : "FAIL", c.pass ? c.worst_name : (c.failures.empty() ? "" : c.failures[0]));
+        report.cases.push_back(std::move(c));
+      }
+    }
+  }
+
+  if (o.json)
+    std::fputs(compare::render_regress_json(report).c_str(), stdout);
+  else
+    std::fputs(compare::render_regress_table(report, o.verbose).c_str(), stdout);
+  if (!o.junit.empty()) {
+    compare::write_text_atomic(o.junit, compare::render_regress_junit(report));
+    fmt::print(o.json ? stderr : stdout, "wrote JUnit XML {}\n", o.junit);
+  }
+  std::fflush(stdout);
+  return report.ok() ? 0 : 1;
+}
+
+}  // namespace
+
+void setup_regress(CLI::App& app, Action& action) {
+  auto o = std::make_shared<RegressOptions>();
+  CLI::App* sub = app.add_subcommand("regress", "Replay golden HF dumps through the engines and check them against "
+                                                "the regression policy");
+  sub->add_option("--golden", o->golden, "golden tree: model directories (config.json + weights) holding HF dumps")
+      ->required();
+  sub->add_option("--engine", o->engine, "ref, impl or both")->check(CLI::IsMember({"ref", "impl", "both"}));
+  sub->add_option("--junit", o->junit, "write JUnit XML to this file (testsuite per engine, testcase per "
+                                       "model/scenario)");
+  sub->add_flag("--json", o->json, "print the result as JSON (schema llmdiff.regress/1, see compare/README.md)");
+  std::string keys;
+  for (const auto& k : compare::RegressionPolicy::keys()) keys += (keys.empty() ? "" : ", ") + k;
+  sub->add_option("--policy", o->policy, "override a regression policy bound, KEY=VALUE (repeatable; keys: " + keys + ")");
+  sub->add_option("--threads", o->threads, "engine threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  sub->add_flag("--verbose", o->verbose, "print each case as it finishes and every failing name");
+  sub->callback([o, &action] { action = [o] { return run_regress(*o); }; });
+}
+
+}  // namespace llmdiff::cli

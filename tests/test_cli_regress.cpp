@@ -1,0 +1,117 @@
+// llmdiff regress end to end: the golden tree passes under the regression
+// policy for both engines; a tree with one perturbed HF tensor fails (exit
+// 1) with the name in the report; JUnit XML and JSON outputs are sound.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "tests/test_cli_diff_helpers.h"
+
+using namespace llmdiff;
+using namespace llmdiff::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string attr(const std::string& xml, const std::string& tag, const std::string& name) {
+  std::smatch m;
+  std::regex re("<" + tag + "[^>]* " + name + "=\"([^\"]*)\"");
+  return std::regex_search(xml, m, re) ? m[1].str() : "";
+}
+
+size_t count(const std::string& hay, const std::string& needle) {
+  size_t n = 0;
+  for (size_t p = hay.find(needle); p != std::string::npos; p = hay.find(needle, p + 1)) ++n;
+  return n;
+}
+
+// Open and close tags balance (the XML itself is checked in detail by the
+// compare tests; here: the file is complete and consistent).
+bool tags_balance(const std::string& xml, const std::string& tag) {
+  return count(xml, "<" + tag + " ") + count(xml, "<" + tag + ">") == count(xml, "</" + tag + ">");
+}
+
+// A golden tree holding llama-gqa with a copy of its prefill dump in which
+// one tensor is perturbed.
+std::string perturbed_tree(const std::string& name, const std::string& tensor, float delta) {
+  fs::path root = temp_path(name);
+  fs::path model = root / "llama-gqa";
+  fs::create_directories(model);
+  fs::path src = golden_model("llama-gqa");
+  for (const char* f : {"config.json", "model.safetensors"})
+    fs::copy_file(src / f, model / f, fs::copy_options::overwrite_existing);
+  DumpFile hf(golden_dump("llama-gqa", "prefill"));
+  MemoryDump copy("perturbed");
+  copy.mutable_manifest() = hf.manifest();
+  for (const auto& n : hf.names()) {
+    TensorData t = hf.get(n);
+    if (n == tensor) t.f[t.f.size() / 3] += delta;
+    copy.put(t);
+  }
+  copy.save((model / "prefill.safetensors").string());
+  return root.string();
+}
+
+}  // namespace
+
+TEST(CliRegress, GoldenTreePassesForBothEngines) {
+  std::string junit = temp_path("regress-golden.xml");
+  CliRun r = run_cli({"regress", "--golden", golden_dir(), "--junit", junit});
+  EXPECT_EQ(r.code, 0) << r.error << r.out;
+  size_t cases = golden_models().size() * 3 * 2;
+  EXPECT_NE(r.out.find("result: " + std::to_string(cases) + " of " + std::to_string(cases) + " cases pass"),
+            std::string::npos)
+      << r.out;
+  std::string xml = read_file(junit);
+  EXPECT_EQ(xml.rfind("<?xml", 0), 0u);
+  EXPECT_EQ(attr(xml, "testsuites", "tests"), std::to_string(cases));
+  EXPECT_EQ(attr(xml, "testsuites", "failures"), "0");
+  EXPECT_EQ(attr(xml, "testsuites", "errors"), "0");
+  EXPECT_EQ(count(xml, "<testsuite "), 2u);
+  EXPECT_EQ(count(xml, "<testcase "), cases);
+  EXPECT_TRUE(tags_balance(xml, "testsuites") && tags_balance(xml, "testsuite") && tags_balance(xml, "testcase"));
+}
+
+TEST(CliRegress, PerturbedTensorFailsWithItsName) {
+  std::string tree = perturbed_tree("regress-perturbed", "step0.layers.1.mlp.up", 0.01f);
+  std::string junit = temp_path("regress-perturbed.xml");
+  CliRun r = run_cli({"regress", "--golden", tree, "--junit", junit, "--json"});
+  EXPECT_EQ(r.code, 1) << r.error;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["schema"], "llmdiff.regress/1");
+  EXPECT_EQ(j["ok"], false);
+  ASSERT_EQ(j["cases"].size(), 2u);  // prefill x {ref, impl}
+  for (const auto& c : j["cases"]) {
+    EXPECT_EQ(c["pass"], false);
+    EXPECT_EQ(c["first_divergence"], "step0.layers.1.mlp.up");
+    EXPECT_EQ(c["worst"]["name"], "step0.layers.1.mlp.up");
+    EXPECT_GT(c["worst"]["value"].get<double>(), c["worst"]["threshold"].get<double>());
+    ASSERT_FALSE(c["failures"].empty());
+    EXPECT_NE(c["failures"][0].get<std::string>().find("step0.layers.1.mlp.up"), std::string::npos);
+  }
+  std::string xml = read_file(junit);
+  EXPECT_EQ(attr(xml, "testsuites", "tests"), "2");
+  EXPECT_EQ(attr(xml, "testsuites", "failures"), "2");
+  EXPECT_EQ(count(xml, "<failure "), 2u);
+  EXPECT_TRUE(tags_balance(xml, "failure") && tags_balance(xml, "testcase"));
+  EXPECT_NE(xml.find("step0.layers.1.mlp.up: max_abs"), std::string::npos);
+
+  // The table names the failing tensor; a looser policy lets the case pass.
+  CliRun t = run_cli({"regress", "--golden", tree, "--engine", "impl"});
+  EXPECT_EQ(t.code, 1);
+  EXPECT_NE(t.out.find("FAIL"), std::string::npos);
+  EXPECT_NE(t.out.find("step0.layers.1.mlp.up"), std::string::npos);
+  CliRun loose = run_cli({"regress", "--golden", tree, "--engine", "impl", "--policy", "f32_abs=0.1"});
+  EXPECT_EQ(loose.code, 0) << loose.out;
+}
+
+TEST(CliRegress, BadInputIsExitTwo) {
+  EXPECT_EQ(run_cli({"regress", "--golden", temp_path("no-such-golden")}).code, 2);
+  fs::create_directories(temp_path("empty-golden"));
+  EXPECT_EQ(run_cli({"regress", "--golden", temp_path("empty-golden")}).code, 2);
+  EXPECT_EQ(run_cli({"regress", "--golden", golden_dir(), "--engine", "torch"}).code, 2);
+  EXPECT_EQ(run_cli({"regress", "--golden", golden_dir(), "--policy", "f32_abs=x"}).code, 2);
+  EXPECT_EQ(run_cli({"regress"}).code, 2);
+}
