@@ -35,4 +35,16 @@ const char* bug_name(Bug b);
 // Empty string when the bug applies to the model, else why not.
 std::string bug_inapplicable_reason(Bug b, const ModelConfig& cfg);
 
+// Whether the bug takes a numeric parameter (rope-theta, rmsnorm-eps).
+bool bug_takes_value(Bug b);
+// The parameter a bug uses on `cfg`: the spec's value, else the default
+// (rope-theta: config theta / 10; rmsnorm-eps: 1e-5 when the config's is
+// 1e-6, else 1e-6). Throws UsageError when the bug takes no value or the
+// value equals the config's own (no bug at all).
+double bug_value(const BugSpec& spec, const ModelConfig& cfg);
+
+// Checks a set of bugs against a model (applicability, values); throws
+// UsageError naming the first bug that cannot apply and why.
+void check_bugs(const std::vector<BugSpec>& bugs, const ModelConfig& cfg);
+
 }  // namespace llmdiff::impl

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
 #include <cmath>
 #include <stdexcept>
 
@@ -33,9 +35,14 @@ std::string golden_dump(const std::string& model, const std::string& scenario) {
 }
 
 std::string temp_path(const std::string& stem) {
+  // One directory per test process, removed with everything in it at exit.
   static const std::string dir = [] {
     std::string base = "/tmp/llmdiff-test-" + std::to_string(::getpid());
     ::mkdir(base.c_str(), 0700);
+    std::atexit([] {
+      std::error_code ec;
+      std::filesystem::remove_all("/tmp/llmdiff-test-" + std::to_string(::getpid()), ec);
+    });
     return base;
   }();
   return dir + "/" + stem;

@@ -1,0 +1,462 @@
+// llmdiff bench: prefill and decode speed, peak memory and bandwidth
+// efficiency of the ref and impl engines side by side on one checkpoint, and
+// (--e2e) the cost of a whole `llmdiff run`: both engines dumping every site,
+// the dumps written, and the diff. Each engine (and the end-to-end run) works
+// in its own forked child so that its peak RSS is its own.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli/bench_support.h"
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "compare/compare.h"
+#include "dumps/dump.h"
+#include "dumps/engine.h"
+#include "dumps/errors.h"
+#include "dumps/weights.h"
+
+namespace llmdiff::cli {
+
+namespace {
+
+using nlohmann::json;
+
+struct BenchCmdOptions {
+  std::string model;                   // --model DIR
+  int prompt = 128;                    // prefill tokens
+  int decode = 32;                     // greedy decode steps timed after the prefill
+  int threads = 0;                     // engines and bandwidth probe; 0: all cores
+  int repeats = 3;                     // prefill + decode runs per engine
+  std::string engines = "ref,impl";
+  std::string ref_dtype;               // empty: the checkpoint's torch_dtype
+  uint64_t seed = 0;                   // prompt token ids
+  int bandwidth_mib = 1024;            // bandwidth probe buffer
+  bool json_out = false;
+  bool e2e = false;                    // also time run-equivalent work
+  int e2e_decode = 8;                  // decode steps of the end-to-end run
+  std::string e2e_dir;                 // where its dumps go; empty: a temporary directory, removed
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Pseudo-random prompt ids in [0, V): splitmix64 of the seed.
+std::vector<int64_t> bench_prompt(int64_t vocab, int n, uint64_t seed) {
+  std::vector<int64_t> ids(static_cast<size_t>(n));
+  uint64_t s = seed;
+  for (auto& id : ids) {
+    uint64_t z = (s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    id = int64_t((z ^ (z >> 31)) % uint64_t(vocab));
+  }
+  return ids;
+}
+
+// What the parent knows of the checkpoint without running it.
+struct ModelFacts {
+  ModelConfig config;
+  DType storage = DType::F32;
+  uint64_t weight_bytes = 0;       // distinct weights as stored
+  uint64_t params = 0;             // distinct weight elements
+  uint64_t decode_params = 0;      // weight elements one decode token reads (one embedding row)
+  double prefill_flops = 0;        // useful work of one prefill: matmuls, attention, last-row logits
+};
+
+ModelFacts model_facts(const std::string& dir, int prompt) {
+  const Model m = Model::load(dir);
+  const ModelWeights& w = *m.weights;
+  const ModelConfig& c = m.config;
+  ModelFacts f;
+  f.config = c;
+  f.storage = w.storage_dtype();
+  f.weight_bytes = w.total_bytes();
+  uint64_t layer_params = 0, layer_matmul = 0;
+  for (const auto& L : w.layers) {
+    for (const WeightView* v : {&L.input_norm, &L.post_attn_norm, &L.q, &L.k, &L.v, &L.o, &L.q_bias, &L.k_bias,
+                                &L.v_bias, &L.o_bias, &L.q_norm, &L.k_norm, &L.gate, &L.up, &L.down})
+      if (*v) layer_params += uint64_t(v->numel());
+    for (const WeightView* v : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) layer_matmul += uint64_t(v->numel());
+  }
+  const uint64_t embed = uint64_t(w.embed.numel()), head = uint64_t(w.lm_head.numel());
+  const uint64_t D = uint64_t(c.hidden_size);
+  f.params = layer_params + uint64_t(w.final_norm.numel()) + embed + (w.lm_head_tied ? 0 : head);
+  f.decode_params = layer_params + uint64_t(w.final_norm.numel()) + head + (w.lm_head_tied ? 0 : D);
+  const double T = prompt;
+  f.prefill_flops = 2.0 * T * double(layer_matmul) +
+                    double(c.num_hidden_layers) * 4.0 * double(c.q_dim()) * T * (T + 1) / 2.0 + 2.0 * double(head);
+  return f;
+}
+
+size_t compute_dtype_size(ComputeDType d) {
+  switch (d) {
+    case ComputeDType::Float32: return 4;
+    case ComputeDType::BFloat16:
+    case ComputeDType::Float16: return 2;
+    case ComputeDType::Float64: return 8;
+  }
+  return 4;
+}
+
+// The child's work: load, then `repeats` times prefill + greedy decode with
+// nothing observed. Returns a JSON object.
+std::string bench_engine(const BenchCmdOptions& o, const std::string& engine_name, ComputeDType ref_dtype) {
+  const int64_t base_rss = proc_status_bytes("VmRSS");
+  const auto t_load = std::chrono::steady_clock::now();
+  const Model model = Model::load(o.model);
+  EngineOptions eo;
+  eo.dtype = engine_name == "ref" ? compute_dtype_name(ref_dtype) : "";
+  eo.threads = o.threads;
+  eo.max_seq = int64_t(o.prompt) + o.decode + 1;
+  const std::unique_ptr<Engine> engine = make_engine(engine_name, model, eo);
+  const double load_s = seconds_since(t_load);
+  const std::vector<int64_t> prompt = bench_prompt(model.config.vocab_size, o.prompt, o.seed);
+  NullObserver nobs;
+  json prefill_tok_s = json::array(), decode_ms = json::array(), generated;
+  for (int r = 0; r < o.repeats; ++r) {
+    engine->reset();
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<float> logits = engine->forward(prompt, 0, nobs);
+    const double prefill_s = seconds_since(t0);
+    prefill_tok_s.push_back(double(o.prompt) / prefill_s);
+    std::vector<int64_t> gen{argmax_first(logits)};
+    t0 = std::chrono::steady_clock::now();
+    for (int d = 1; d <= o.decode; ++d) {
+      logits = engine->forward({gen.back()}, d, nobs);
+      gen.push_back(argmax_first(logits));
+    }
+    if (o.decode > 0) decode_ms.push_back(seconds_since(t0) * 1e3 / o.decode);
+    generated = gen;
+  }
+  return json{{"engine", engine_name},
+              {"producer", engine->producer()},
+              {"dtype", engine->dtype_name()},
+              {"load_s", load_s},
+              {"prefill_tok_s", prefill_tok_s},
+              {"decode_ms_per_token", decode_ms},
+              {"generated", generated},
+              {"base_rss_bytes", base_rss},
+              {"hwm_rss_bytes", proc_status_bytes("VmHWM")}}
+      .dump();
+}
+
+// The read-bandwidth probe, run in a child so that its buffer never counts in
+// this process (whose children inherit its memory high-water mark).
+BandwidthResult probe_bandwidth(const BenchCmdOptions& o, int passes) {
+  const ChildOutcome out = run_in_child([&] {
+    const BandwidthResult r = measure_read_bandwidth(o.threads, size_t(o.bandwidth_mib) << 20, passes);
+    return json{{"all_gbs", r.all_gbs}, {"buffer_bytes", r.buffer_bytes}, {"threads", r.threads}}.dump();
+  });
+  if (!out.ok) throw IoError("bandwidth probe", out.failure);
+  const json j = json::parse(out.output);
+  BandwidthResult r;
+  r.all_gbs = j["all_gbs"].get<std::vector<double>>();
+  r.buffer_bytes = j["buffer_bytes"].get<size_t>();
+  r.threads = j["threads"].get<int>();
+  r.best_gbs = *std::max_element(r.all_gbs.begin(), r.all_gbs.end());
+  return r;
+}
+
+// Bytes a dump's tensors take in the file (floats F32, integers I64).
+uint64_t dump_bytes(const TensorSource& d) {
+  uint64_t total = 0;
+  for (const auto& n : d.names()) {
+    const TensorData t = d.get(n);
+    total += uint64_t(t.numel()) * (t.is_int ? 8u : 4u);
+  }
+  return total;
+}
+
+// The child's work for --e2e: what `llmdiff run` does, piece by piece and
+// timed: each engine runs the scenario recording every site in memory, the
+// dumps are written, then diffed from memory and again from the files.
+std::string bench_e2e(const BenchCmdOptions& o, ComputeDType ref_dtype, const std::string& dir) {
+  const Model model = Model::load(o.model);
+  const Scenario sc = make_scenario(bench_prompt(model.config.vocab_size, o.prompt, o.seed), {}, o.e2e_decode);
+  json j = {{"prompt", o.prompt}, {"decode", o.e2e_decode}, {"steps", int(sc.steps.size()) + sc.decode}};
+  std::map<std::string, std::unique_ptr<MemoryDump>> dumps;
+  for (const std::string which : {"ref", "impl"}) {
+    EngineOptions eo;
+    eo.dtype = which == "ref" ? compute_dtype_name(ref_dtype) : "";
+    eo.threads = o.threads;
+    eo.max_seq = int64_t(o.prompt) + o.e2e_decode + 1;
+    auto t0 = std::chrono::steady_clock::now();
+    const std::unique_ptr<Engine> engine = make_engine(which, model, eo);
+    const double load_s = seconds_since(t0);
+    auto dump = std::make_unique<MemoryDump>(which);
+    dump->mutable_manifest() = make_manifest(*engine, model, o.model, sc);
+    t0 = std::chrono::steady_clock::now();
+    run_scenario(*engine, sc, *dump);
+    const double run_s = seconds_since(t0);
+    const std::string path = dir + "/" + which + ".safetensors";
+    t0 = std::chrono::steady_clock::now();
+    dump->save(path);
+    const double save_s = seconds_since(t0);
+    j[which] = {{"dtype", engine->dtype_name()},
+                {"load_s", load_s},
+                {"run_s", run_s},
+                {"tensors", dump->names().size()},
+                {"dump_bytes", dump_bytes(*dump)},
+                {"save_s", save_s},
+                {"file_bytes", std::filesystem::file_size(path)}};
+    dumps[which] = std::move(dump);
+  }
+  const double compared_bytes =
+      double(j["ref"]["dump_bytes"].get<uint64_t>() + j["impl"]["dump_bytes"].get<uint64_t>());
+
+  auto t0 = std::chrono::steady_clock::now();
+  const compare::DiffResult mem = compare::compare_dumps(*dumps["ref"], *dumps["impl"]);
+  const double mem_s = seconds_since(t0);
+  dumps.clear();
+  t0 = std::chrono::steady_clock::now();
+  const DumpFile ref_file(dir + "/ref.safetensors"), impl_file(dir + "/impl.safetensors");
+  const compare::DiffResult files = compare::compare_dumps(ref_file, impl_file);
+  const double files_s = seconds_since(t0);
+
+  j["diff_memory"] = {{"seconds", mem_s}, {"gbs", compared_bytes / mem_s * 1e-9}};
+  j["diff_files"] = {{"seconds", files_s}, {"gbs", compared_bytes / files_s * 1e-9}};
+  j["compared"] = files.tensors.size();
+  j["failing"] = files.failing();
+  j["only_in_ref"] = files.only_in_ref.size();
+  j["only_in_impl"] = files.only_in_cand.size();
+  j["first_divergence"] = files.first() ? files.first()->name : "";
+  j["diff_dtype"] = compute_dtype_name(files.dtype);
+  if (mem.failing() != files.failing()) j["note"] = "in-memory and file diffs disagree";
+  return j.dump();
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+void print_engine_table(const json& rows) {
+  std::printf("%-6s %-9s %7s | %9s %9s %8s | %9s %9s %9s %6s | %9s %7s\n", "", "", "", "prefill", "tok/s",
+              "GFLOP/s", "decode", "ms/token", "bound", "of", "peak RSS", "x");
+  std::printf("%-6s %-9s %7s | %9s %9s %8s | %9s %9s %9s %6s | %9s %7s\n", "engine", "compute", "load s", "best",
+              "median", "best", "best", "median", "ms/token", "bound", "GB", "weights");
+  for (const auto& row : rows) {
+    const std::string name = row["engine"];
+    if (row.contains("error")) {
+      std::printf("%-6s error: %s\n", name.c_str(), row["error"].get<std::string>().c_str());
+      continue;
+    }
+    const json& p = row["prefill"];
+    std::string dbest = "-", dmed = "-", frac = "-";
+    if (row.contains("decode")) {
+      dbest = fmt("%.1f", row["decode"]["best_ms"].get<double>());
+      dmed = fmt("%.1f", row["decode"]["median_ms"].get<double>());
+      frac = fmt("%.0f%%", 100.0 * row["decode"]["fraction_of_bound"].get<double>());
+    }
+    std::printf("%-6s %-9s %7.2f | %9.1f %9.1f %8.1f | %9s %9s %9.1f %6s | %9.2f %7.2f\n", name.c_str(),
+                row["dtype"].get<std::string>().c_str(), row["load_s"].get<double>(), p["best_tok_s"].get<double>(),
+                p["median_tok_s"].get<double>(), p["best_gflops"].get<double>(), dbest.c_str(), dmed.c_str(),
+                row["decode_bound_ms"].get<double>(), frac.c_str(), double(row["peak_rss_bytes"].get<int64_t>()) * 1e-9,
+                row["peak_rss_over_weights"].get<double>());
+  }
+  std::printf("bound: weight bytes one decode token reads (as the engine holds them) / read bandwidth; "
+              "GFLOP/s counts matmuls, causal attention and last-row logits.\n");
+  if (rows.size() == 2 && !rows[0].contains("error") && !rows[1].contains("error")) {
+    const auto a = rows[0]["generated"].get<std::vector<int64_t>>(), b = rows[1]["generated"].get<std::vector<int64_t>>();
+    size_t same = 0;
+    while (same < a.size() && same < b.size() && a[same] == b[same]) ++same;
+    if (same < a.size() || same < b.size())
+      std::printf("greedy tokens: the engines agree on the first %zu of %zu (%s %lld vs %s %lld next); "
+                  "`llmdiff run` shows where they part.\n",
+                  same, std::max(a.size(), b.size()), rows[0]["engine"].get<std::string>().c_str(),
+                  same < a.size() ? (long long)a[same] : -1LL, rows[1]["engine"].get<std::string>().c_str(),
+                  same < b.size() ? (long long)b[same] : -1LL);
+    else
+      std::printf("greedy tokens: the engines agree on all %zu.\n", a.size());
+  }
+}
+
+void print_e2e(const json& e) {
+  std::printf("\nend to end (`llmdiff run` equivalent: prompt %d + %d decode steps, every site, both engines):\n",
+              e["prompt"].get<int>(), e["decode"].get<int>());
+  if (e.contains("error")) {
+    std::printf("  error: %s\n", e["error"].get<std::string>().c_str());
+    return;
+  }
+  for (const std::string which : {"ref", "impl"}) {
+    const json& r = e[which];
+    std::printf("  %-5s %-9s load %6.2f s  run %7.2f s  dump %5zu tensors %7.3f GB  write %6.2f s\n", which.c_str(),
+                r["dtype"].get<std::string>().c_str(), r["load_s"].get<double>(), r["run_s"].get<double>(),
+                r["tensors"].get<size_t>(), double(r["dump_bytes"].get<uint64_t>()) * 1e-9, r["save_s"].get<double>());
+  }
+  std::printf("  diff  in memory %.2f s (%.2f GB/s), from files %.2f s (%.2f GB/s); %zu names compared at %s "
+              "tolerances, %zu failing%s%s\n",
+              e["diff_memory"]["seconds"].get<double>(), e["diff_memory"]["gbs"].get<double>(),
+              e["diff_files"]["seconds"].get<double>(), e["diff_files"]["gbs"].get<double>(),
+              e["compared"].get<size_t>(), e["diff_dtype"].get<std::string>().c_str(), e["failing"].get<size_t>(),
+              e["first_divergence"].get<std::string>().empty() ? "" : ", first ",
+              e["first_divergence"].get<std::string>().c_str());
+  std::printf("  peak RSS %.2f GB\n", double(e["peak_rss_bytes"].get<int64_t>()) * 1e-9);
+}
+
+int run_bench(const BenchCmdOptions& o) {
+  if (o.model.empty()) throw UsageError("bench: --model DIR is required");
+  if (o.prompt < 1) throw UsageError("bench: --prompt must be at least 1");
+  if (o.decode < 0) throw UsageError("bench: --decode must not be negative");
+  if (o.repeats < 1) throw UsageError("bench: --repeats must be at least 1");
+  if (o.bandwidth_mib < 1) throw UsageError("bench: --bandwidth-mib must be at least 1");
+  if (o.e2e_decode < 0) throw UsageError("bench: --e2e-decode must not be negative");
+  std::vector<std::string> engines = split_list(o.engines);
+  if (engines == std::vector<std::string>{"none"}) engines.clear();
+  if (engines.empty() && !o.e2e) throw UsageError("bench: --engines lists no engine (use ref, impl or ref,impl)");
+  for (const auto& e : engines)
+    if (e != "ref" && e != "impl") throw UsageError("bench: unknown engine '" + e + "' (use ref, impl or none)");
+
+  const ModelFacts facts = model_facts(o.model, o.prompt);
+  const ModelConfig& c = facts.config;
+  const int longest = o.prompt + std::max(o.decode, o.e2e ? o.e2e_decode : 0);
+  if (longest > c.max_position_embeddings)
+    throw UsageError("bench: prompt + decode tokens exceed max_position_embeddings " +
+                     std::to_string(c.max_position_embeddings));
+  const ComputeDType ref_dtype = o.ref_dtype.empty() ? c.default_dtype() : parse_compute_dtype(o.ref_dtype);
+
+  // The machine's bandwidth varies with what else runs on it: probe it before
+  // and after the engines and keep the best pass.
+  if (!o.json_out) std::fprintf(stderr, "bench: measuring read bandwidth ...\n");
+  BandwidthResult bw = probe_bandwidth(o, 5);
+
+  // Each engine in its own child, so that its peak RSS is its own.
+  json rows = json::array();
+  bool failed = false;
+  for (const auto& e : engines) {
+    if (!o.json_out) std::fprintf(stderr, "bench: timing %s ...\n", e.c_str());
+    const ChildOutcome out = run_in_child([&] { return bench_engine(o, e, ref_dtype); });
+    json row;
+    if (out.ok) {
+      row = json::parse(out.output);
+    } else {
+      row = {{"engine", e}, {"error", out.failure}};
+      failed = true;
+    }
+    row["peak_rss_bytes"] = out.maxrss_bytes;
+    rows.push_back(row);
+  }
+
+  json e2e;
+  if (o.e2e) {
+    if (!o.json_out) std::fprintf(stderr, "bench: end-to-end run ...\n");
+    namespace fs = std::filesystem;
+    const bool temporary = o.e2e_dir.empty();
+    const std::string dir = temporary ? (fs::temp_directory_path() / ("llmdiff-bench-" + std::to_string(::getpid()))).string()
+                                      : o.e2e_dir;
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) throw IoError(dir, "cannot create directory: " + ec.message());
+    const ChildOutcome out = run_in_child([&] { return bench_e2e(o, ref_dtype, dir); });
+    if (temporary) fs::remove_all(dir, ec);
+    if (out.ok) {
+      e2e = json::parse(out.output);
+    } else {
+      e2e = {{"prompt", o.prompt}, {"decode", o.e2e_decode}, {"error", out.failure}};
+      failed = true;
+    }
+    e2e["peak_rss_bytes"] = out.maxrss_bytes;
+  }
+
+  if (!o.json_out) std::fprintf(stderr, "bench: measuring read bandwidth again ...\n");
+  const BandwidthResult after = probe_bandwidth(o, 5);
+  bw.all_gbs.insert(bw.all_gbs.end(), after.all_gbs.begin(), after.all_gbs.end());
+  bw.best_gbs = std::max(bw.best_gbs, after.best_gbs);
+  for (auto& row : rows) {
+    row["peak_rss_over_weights"] = double(row["peak_rss_bytes"].get<int64_t>()) / double(facts.weight_bytes);
+    if (row.contains("error")) continue;
+    // Weights as the engine reads them: the impl reads the stored dtype from
+    // the mmap; the ref holds them in its compute dtype.
+    const size_t esize = row["engine"] == "impl" ? dtype_size(facts.storage) : compute_dtype_size(ref_dtype);
+    const double bytes = double(facts.decode_params) * double(esize);
+    const double bound_ms = bytes / (bw.best_gbs * 1e9) * 1e3;
+    row["decode_bytes_per_token"] = bytes;
+    row["decode_bound_ms"] = bound_ms;
+    const Stat ps = stat_of(row["prefill_tok_s"].get<std::vector<double>>());
+    row["prefill"] = {{"best_tok_s", ps.max}, {"median_tok_s", ps.median},
+                      {"best_gflops", facts.prefill_flops * ps.max / o.prompt * 1e-9}};
+    const std::vector<double> dm = row["decode_ms_per_token"].get<std::vector<double>>();
+    if (!dm.empty()) {
+      const Stat ds = stat_of(dm);
+      row["decode"] = {{"best_ms", ds.min}, {"median_ms", ds.median}, {"fraction_of_bound", bound_ms / ds.min}};
+    }
+  }
+
+  if (o.json_out) {
+    json j = {{"model", o.model},
+              {"model_type", c.model_type},
+              {"layers", c.num_hidden_layers},
+              {"hidden_size", c.hidden_size},
+              {"intermediate_size", c.intermediate_size},
+              {"vocab_size", c.vocab_size},
+              {"storage_dtype", dtype_name(facts.storage)},
+              {"parameters", facts.params},
+              {"weight_bytes", facts.weight_bytes},
+              {"prompt", o.prompt},
+              {"decode", o.decode},
+              {"repeats", o.repeats},
+              {"threads", bw.threads},
+              {"bandwidth", {{"best_gbs", bw.best_gbs}, {"all_gbs", bw.all_gbs}, {"buffer_bytes", bw.buffer_bytes}}},
+              {"engines", rows}};
+    if (o.e2e) j["e2e"] = e2e;
+    std::printf("%s\n", j.dump(2).c_str());
+    return failed ? 2 : 0;
+  }
+
+  std::printf("model %s: %s, %lld layers, hidden %lld, intermediate %lld, heads %lld/%lld, vocab %lld%s\n",
+              o.model.c_str(), c.model_type.c_str(), (long long)c.num_hidden_layers, (long long)c.hidden_size,
+              (long long)c.intermediate_size, (long long)c.num_attention_heads, (long long)c.num_key_value_heads,
+              (long long)c.vocab_size, c.tie_word_embeddings ? ", tied" : "");
+  std::printf("weights: %.3f B parameters, %.2f GB %s\n", double(facts.params) * 1e-9, double(facts.weight_bytes) * 1e-9,
+              dtype_name(facts.storage));
+  if (!rows.empty())
+    std::printf("run: prompt %d tokens, decode %d tokens, %d repeat%s, %d thread%s\n", o.prompt, o.decode,
+                o.repeats, o.repeats == 1 ? "" : "s", bw.threads, bw.threads == 1 ? "" : "s");
+  std::printf("read bandwidth: %.1f GB/s (best of %zu passes over %zu MiB before and after the engines, %d thread%s)\n",
+              bw.best_gbs,
+              bw.all_gbs.size(), bw.buffer_bytes >> 20, bw.threads, bw.threads == 1 ? "" : "s");
+  if (!rows.empty()) {
+    std::printf("\n");
+    print_engine_table(rows);
+  }
+  if (o.e2e) print_e2e(e2e);
+  return failed ? 2 : 0;
+}
+
+}  // namespace
+
+void setup_bench(CLI::App& app, Action& action) {
+  auto opt = std::make_shared<BenchCmdOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "bench", "Time prefill and decode of the ref and impl engines side by side (speed, peak RSS, bandwidth bound)");
+  sub->add_option("--model", opt->model, "Model directory (config.json + safetensors)")->required();
+  sub->add_option("--prompt", opt->prompt, "Prefill tokens")->capture_default_str();
+  sub->add_option("--decode", opt->decode, "Greedy decode steps timed after the prefill")->capture_default_str();
+  sub->add_option("--threads", opt->threads, "Threads of the engines and of the bandwidth probe (0: all cores)")
+      ->capture_default_str();
+  sub->add_option("--repeats", opt->repeats, "Runs per engine (best and median reported)")->capture_default_str();
+  sub->add_option("--engines", opt->engines, "Engines to time, comma-separated: ref, impl (none: only --e2e)")->capture_default_str();
+  sub->add_option("--ref-dtype", opt->ref_dtype, "Ref compute dtype (default: the checkpoint's torch_dtype)");
+  sub->add_option("--seed", opt->seed, "Seed of the prompt token ids")->capture_default_str();
+  sub->add_option("--bandwidth-mib", opt->bandwidth_mib, "Buffer of the read-bandwidth probe, MiB")
+      ->capture_default_str();
+  sub->add_flag("--json", opt->json_out, "Print the results as JSON");
+  sub->add_flag("--e2e", opt->e2e,
+                "Also time a whole `llmdiff run`: both engines dumping every site, the dumps written and diffed");
+  sub->add_option("--e2e-decode", opt->e2e_decode, "Decode steps of the end-to-end run")->capture_default_str();
+  sub->add_option("--e2e-dir", opt->e2e_dir, "Keep the end-to-end dumps here (default: a temporary directory)");
+  sub->callback([opt, &action] { action = [opt] { return run_bench(*opt); }; });
+}
+
+}  // namespace llmdiff::cli

@@ -1,0 +1,115 @@
+// llmdiff synth: writes an HF checkpoint with random weights of a real model's
+// shapes (a preset or a given config.json), streamed tensor by tensor.
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "cli/commands.h"
+#include "cli/synth.h"
+#include "dumps/errors.h"
+
+namespace llmdiff::cli {
+
+namespace {
+
+struct SynthCmdOptions {
+  std::string preset;           // --preset NAME
+  std::string config;           // --config FILE (a config.json or a model directory)
+  std::string dtype;            // --dtype; empty: the config's torch_dtype
+  uint64_t seed = 0;            // --seed
+  std::string out;              // --out DIR
+  std::string shard_size = "2GB";
+  int threads = 0;              // 0: all cores
+  bool list = false;            // --list-presets
+  bool force = false;           // --force: replace a checkpoint synth did not write
+};
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw IoError(path, "cannot open");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) throw IoError(path, "read failed");
+  return ss.str();
+}
+
+// 1.10 G, 15.5 M, 830 K (decimal units).
+std::string scaled(double v, const char* unit) {
+  const char* prefix[] = {"", "K", "M", "G", "T"};
+  int i = 0;
+  while (v >= 1000.0 && i < 4) {
+    v /= 1000.0;
+    ++i;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, v >= 100.0 || i == 0 ? "%.0f %s%s" : "%.2f %s%s", v, prefix[i], unit);
+  return buf;
+}
+
+int run_synth(const SynthCmdOptions& o) {
+  if (o.list) {
+    for (const auto& p : synth_presets()) std::printf("%-16s %s\n", p.name.c_str(), p.description.c_str());
+    return 0;
+  }
+  if (o.preset.empty() == o.config.empty()) throw UsageError("synth: give exactly one of --preset or --config");
+  if (o.out.empty()) throw UsageError("synth: --out DIR is required");
+
+  SynthOptions so;
+  if (!o.preset.empty()) {
+    so.config_json = synth_preset_config(o.preset);
+    so.config_source = "preset " + o.preset;
+  } else {
+    std::string path = o.config;
+    std::ifstream probe(path + "/config.json");
+    if (probe) path += "/config.json";
+    so.config_json = read_text(path);
+    so.config_source = path;
+  }
+  const ModelConfig given = parse_config(so.config_json, so.config_source);
+  so.dtype = parse_storage_dtype(o.dtype.empty() ? given.torch_dtype : o.dtype);
+  so.seed = o.seed;
+  so.shard_size = parse_byte_size(o.shard_size);
+  so.threads = o.threads;
+  so.force = o.force;
+
+  const auto t0 = std::chrono::steady_clock::now();
+  const SynthResult r = write_synth_checkpoint(o.out, so);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const ModelConfig& c = r.config;
+  std::printf("%s: %s, %lld layers, hidden %lld, intermediate %lld, heads %lld/%lld x %lld, vocab %lld%s\n",
+              o.out.c_str(), c.model_type.c_str(), (long long)c.num_hidden_layers, (long long)c.hidden_size,
+              (long long)c.intermediate_size, (long long)c.num_attention_heads, (long long)c.num_key_value_heads,
+              (long long)c.head_dim, (long long)c.vocab_size, c.tie_word_embeddings ? ", tied embeddings" : "");
+  std::printf("wrote %zu tensors, %s parameters, %s %s in %zu file%s, seed %llu (%.1f s, %.0f MB/s)\n", r.tensors,
+              scaled(double(r.parameters), "").c_str(), scaled(double(r.data_bytes), "B").c_str(),
+              dtype_name(so.dtype), r.files.size(), r.files.size() == 1 ? "" : "s", (unsigned long long)so.seed, secs,
+              secs > 0 ? double(r.data_bytes) * 1e-6 / secs : 0.0);
+  return 0;
+}
+
+}  // namespace
+
+void setup_synth(CLI::App& app, Action& action) {
+  auto opt = std::make_shared<SynthCmdOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "synth", "Write an HF checkpoint (config.json + safetensors) with random weights of a real model's shapes");
+  sub->add_option("--preset", opt->preset, "Model shapes: tinyllama-1.1b, llama-3.2-1b, qwen3-0.6b, qwen2.5-1.5b, ... "
+                                           "(see --list-presets)");
+  sub->add_option("--config", opt->config, "A config.json (or a model directory holding one) to take the shapes from");
+  sub->add_option("--dtype", opt->dtype, "Weight dtype f32|bf16|f16 (default: the config's torch_dtype)");
+  sub->add_option("--seed", opt->seed, "Random seed (same seed, same bytes)")->capture_default_str();
+  sub->add_option("--out", opt->out, "Output directory");
+  sub->add_option("--shard-size", opt->shard_size,
+                  "Most tensor bytes per safetensors file (e.g. 2GB, 500MB); more than one file gives "
+                  "model-0000k-of-0000n.safetensors + model.safetensors.index.json")
+      ->capture_default_str();
+  sub->add_option("--threads", opt->threads, "Generator threads (0: all cores)")->capture_default_str();
+  sub->add_flag("--list-presets", opt->list, "List the presets and exit");
+  sub->add_flag("--force", opt->force, "Replace a checkpoint in --out that synth did not write");
+  sub->callback([opt, &action] { action = [opt] { return run_synth(*opt); }; });
+}
+
+}  // namespace llmdiff::cli

@@ -1,0 +1,423 @@
+#include "impl/kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <type_traits>
+
+#include "dumps/errors.h"
+
+namespace llmdiff::impl {
+
+namespace {
+
+// ---------------------------------------------------------------- vectors
+// GCC vector extensions: 16 float32 lanes (one AVX-512 register, two AVX2
+// ones). Loads and stores go through memcpy, so any alignment is fine.
+typedef float v16f __attribute__((vector_size(64)));
+typedef uint32_t v16u __attribute__((vector_size(64)));
+typedef uint16_t v16h __attribute__((vector_size(32)));
+typedef float v8f __attribute__((vector_size(32)));
+typedef double v8d __attribute__((vector_size(64)));
+constexpr int kLanes = 16;
+
+inline v16f load16(const float* p) {
+  v16f v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store16(float* p, v16f v) { std::memcpy(p, &v, sizeof v); }
+
+// Sum of the 16 lanes in a fixed tree order (i + 8, i + 4, i + 2, i + 1).
+inline float hsum(v16f v) {
+  float t[kLanes];
+  std::memcpy(t, &v, sizeof t);
+  for (int w = kLanes / 2; w >= 1; w /= 2)
+    for (int i = 0; i < w; ++i) t[i] += t[i + w];
+  return t[0];
+}
+
+// ------------------------------------------------------- stored dtypes
+// Each weight dtype knows how to widen one value and 16 values to float32.
+struct F32W {
+  using T = float;
+  static float one(T x) { return x; }
+  static v16f vec(const T* p) { return load16(p); }
+};
+struct BF16W {
+  using T = uint16_t;
+  static float one(T x) { return bf16_to_f32(x); }
+  static v16f vec(const T* p) {
+    v16h h;
+    std::memcpy(&h, p, sizeof h);
+    return (v16f)(__builtin_convertvector(h, v16u) << 16);
+  }
+};
+struct F16W {
+  using T = uint16_t;
+  // Exact half -> float: move exponent/mantissa into place and rescale by
+  // 2^112 (covers normals and subnormals); Inf/NaN get the all-ones exponent.
+  static v16f vec(const T* p) {
+    v16h h16;
+    std::memcpy(&h16, p, sizeof h16);
+    const v16u h = __builtin_convertvector(h16, v16u);
+    const v16u sign = (h & 0x8000u) << 16;
+    const v16u em = (h & 0x7fffu) << 13;
+    const v16u scaled = (v16u)((v16f)em * 0x1p112f);
+    const v16u inf_nan = (v16u)((h & 0x7c00u) == 0x7c00u);  // all ones where true
+    return (v16f)(((scaled & ~inf_nan) | ((em | 0x7f800000u) & inf_nan)) | sign);
+  }
+  static float one(T x) { return f16_to_f32(x); }
+};
+
+template <class W>
+void convert_span(const typename W::T* src, int64_t n, float* dst) {
+  int64_t i = 0;
+  if constexpr (std::is_same<W, BF16W>::value) {
+    // 32 values per step: widen the even and odd ones of 16 pairs, then interleave.
+    for (; i + 2 * kLanes <= n; i += 2 * kLanes) {
+      v16u pairs;
+      std::memcpy(&pairs, src + i, sizeof pairs);
+      const v16f even = (v16f)(pairs << 16), odd = (v16f)(pairs & 0xffff0000u);
+      store16(dst + i, __builtin_shufflevector(even, odd, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23));
+      store16(dst + i + kLanes,
+              __builtin_shufflevector(even, odd, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31));
+    }
+  }
+  for (; i + kLanes <= n; i += kLanes) store16(dst + i, W::vec(src + i));
+  for (; i < n; ++i) dst[i] = W::one(src[i]);
+}
+
+// Calls f(W{}) with the weight type W of dtype `t`.
+template <class F>
+void with_dtype(DType t, F&& f) {
+  switch (t) {
+    case DType::F32: f(F32W{}); return;
+    case DType::BF16: f(BF16W{}); return;
+    case DType::F16: f(F16W{}); return;
+    default: break;
+  }
+  throw UsageError(std::string("impl: unsupported weight dtype ") + dtype_name(t) + " (supported: F32, BF16, F16)");
+}
+
+// ------------------------------------------------------------- GEMV
+// y[r] = W[r, :] · x, one row after the other: W is read as one sequential
+// stream per worker, which is what the hardware prefetchers serve best. Two
+// 16-lane accumulators per row, the fixed tree sum, then a scalar tail.
+template <class W>
+inline float gemv_row(const typename W::T* w, int64_t K, const float* x) {
+  v16f a0 = v16f{}, a1 = v16f{};
+  int64_t k = 0;
+  for (; k + 2 * kLanes <= K; k += 2 * kLanes) {
+    a0 += W::vec(w + k) * load16(x + k);
+    a1 += W::vec(w + k + kLanes) * load16(x + k + kLanes);
+  }
+  for (; k + kLanes <= K; k += kLanes) a0 += W::vec(w + k) * load16(x + k);
+  float s = hsum(a0 + a1);
+  for (; k < K; ++k) s += W::one(w[k]) * x[k];
+  return s;
+}
+
+// bfloat16 rows, 32 values per step: one 64-byte load holds 16 (even, odd)
+// pairs; `<< 16` widens the even values, masking the low half the odd ones,
+// which meet x split the same way (xe = x[0::2], xo = x[1::2]).
+inline float gemv_row_bf16(const uint16_t* w, int64_t K, const float* x, const float* xe, const float* xo) {
+  v16f ae = v16f{}, ao = v16f{};
+  int64_t k = 0;
+  for (; k + 2 * kLanes <= K; k += 2 * kLanes) {
+    v16u pairs;
+    std::memcpy(&pairs, w + k, sizeof pairs);
+    ae += (v16f)(pairs << 16) * load16(xe + k / 2);
+    ao += (v16f)(pairs & 0xffff0000u) * load16(xo + k / 2);
+  }
+  float s = hsum(ae + ao);
+  for (; k < K; ++k) s += bf16_to_f32(w[k]) * x[k];
+  return s;
+}
+
+// Rows [r0, r1) of y = W · x. xe/xo: x split into even and odd elements
+// (used by bfloat16 weights).
+template <class W>
+void gemv_rows(const WMat& m, const float* x, const float* xe, const float* xo, int64_t r0, int64_t r1, float* y) {
+  const auto* w = static_cast<const typename W::T*>(m.data);
+  const int64_t K = m.cols;
+  for (int64_t r = r0; r < r1; ++r) {
+    if constexpr (std::is_same<W, BF16W>::value)
+      y[r] = gemv_row_bf16(w + r * K, K, x, xe, xo);
+    else
+      y[r] = gemv_row<W>(w + r * K, K, x);
+  }
+}
+
+// ------------------------------------------------------------- GEMM
+// y[T, N] = x[T, K] · W[N, K]ᵀ for T > 1. x is transposed once into xt
+// [K, ldt] (ldt = T rounded up to 16, zero padded). Workers take tiles of
+// kPanelRows rows of W, convert each tile once to a float32 panel, and sweep
+// it over x in blocks of 16 or 32 tokens: acc[r][j] (16 tokens each) +=
+// panel[r][k] · xt[k][t..t+16) for k = 0 .. K-1. Every y element is a single
+// sequential fused multiply-add chain over k, identical for any tiling.
+constexpr int kPanelRows = 12;
+
+template <int NV>
+inline void gemm_micro(const float* panel, int64_t K, const float* xt, int64_t ldt, v16f (&acc)[kPanelRows][NV]) {
+  for (int r = 0; r < kPanelRows; ++r)
+    for (int j = 0; j < NV; ++j) acc[r][j] = v16f{};
+  for (int64_t k = 0; k < K; ++k) {
+    v16f xv[NV];
+    for (int j = 0; j < NV; ++j) xv[j] = load16(xt + k * ldt + j * kLanes);
+    for (int r = 0; r < kPanelRows; ++r) {
+      const float wv = panel[r * K + k];
+      for (int j = 0; j < NV; ++j) acc[r][j] += wv * xv[j];
+    }
+  }
+}
+
+template <int NV>
+inline void gemm_tokens(const float* panel, int64_t K, const float* xt, int64_t ldt, int64_t t0, int64_t T,
+                        int64_t o0, int64_t rows, int64_t N, float* y) {
+  v16f acc[kPanelRows][NV];
+  gemm_micro<NV>(panel, K, xt + t0, ldt, acc);
+  for (int j = 0; j < NV; ++j) {
+    for (int64_t l = 0; l < kLanes; ++l) {
+      const int64_t t = t0 + j * kLanes + l;
+      if (t >= T) break;
+      float* yrow = y + t * N + o0;
+      for (int64_t r = 0; r < rows; ++r) yrow[r] = acc[r][j][l];
+    }
+  }
+}
+
+// Tiles [tile0, tile1) of kPanelRows rows of y[T, N] = x · Wᵀ, x given as xt.
+template <class W>
+void gemm_tiles(const WMat& m, const float* xt, int64_t ldt, int64_t T, int64_t tile0, int64_t tile1,
+                std::vector<float>& buf, float* y) {
+  const auto* w = static_cast<const typename W::T*>(m.data);
+  const int64_t K = m.cols, N = m.rows;
+  buf.resize(size_t(kPanelRows * K));
+  for (int64_t tile = tile0; tile < tile1; ++tile) {
+    const int64_t o0 = tile * kPanelRows;
+    const int64_t rows = std::min<int64_t>(kPanelRows, N - o0);
+    const float* panel;
+    if (std::is_same<W, F32W>::value && rows == kPanelRows) {
+      panel = reinterpret_cast<const float*>(w) + o0 * K;  // already float32: read in place
+    } else {
+      for (int64_t r = 0; r < rows; ++r) convert_span<W>(w + (o0 + r) * K, K, buf.data() + r * K);
+      std::fill(buf.begin() + rows * K, buf.end(), 0.0f);
+      panel = buf.data();
+    }
+    int64_t t0 = 0;
+    for (; t0 + 2 * kLanes <= ldt; t0 += 2 * kLanes) gemm_tokens<2>(panel, K, xt, ldt, t0, T, o0, rows, N, y);
+    if (t0 < ldt) gemm_tokens<1>(panel, K, xt, ldt, t0, T, o0, rows, N, y);
+  }
+}
+
+// Runs fn(job, begin, end, worker) over a range of work items [0, Σ counts)
+// split over the workers, each worker's range cut at the job boundaries.
+template <class F>
+void for_each_job_range(ThreadPool& pool, const std::vector<int64_t>& counts, F&& fn) {
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  pool.parallel_for(total, [&](int64_t b, int64_t e, int worker) {
+    int64_t first = 0;
+    for (size_t j = 0; j < counts.size(); ++j) {
+      const int64_t lo = std::max(b, first), hi = std::min(e, first + counts[j]);
+      if (lo < hi) fn(j, lo - first, hi - first, worker);
+      first += counts[j];
+    }
+  });
+}
+
+}  // namespace
+
+// ------------------------------------------------------------- public
+
+WMat wmat(const WeightView& w) {
+  WMat m;
+  m.data = w.data;
+  m.dtype = w.dtype;
+  if (w.shape.size() == 2) {
+    m.rows = w.shape[0];
+    m.cols = w.shape[1];
+  } else {
+    m.rows = 1;
+    m.cols = w.numel();
+  }
+  return m;
+}
+
+void load_row(const WMat& m, int64_t row, int64_t c0, int64_t n, float* dst) {
+  with_dtype(m.dtype, [&](auto tag) {
+    using W = decltype(tag);
+    convert_span<W>(static_cast<const typename W::T*>(m.data) + row * m.cols + c0, n, dst);
+  });
+}
+
+void matmul(ThreadPool& pool, MatmulScratch& scratch, const float* x, int64_t T, const std::vector<MatmulJob>& jobs) {
+  if (T <= 0 || jobs.empty()) return;
+  const int64_t K = jobs[0].w.cols;
+  for (const MatmulJob& j : jobs)
+    if (j.w.cols != K) throw UsageError("impl matmul: weights of one input must share its width");
+  std::vector<int64_t> counts;
+  if (T == 1) {
+    // GEMV: rows of all jobs shared out together; x split into even/odd
+    // elements once for bfloat16 weights.
+    scratch.xt.resize(size_t(K + 2));
+    float* xe = scratch.xt.data();
+    float* xo = xe + K / 2;
+    for (int64_t i = 0; i < K / 2; ++i) {
+      xe[i] = x[2 * i];
+      xo[i] = x[2 * i + 1];
+    }
+    for (const MatmulJob& j : jobs) counts.push_back(j.w.rows);
+    for_each_job_range(pool, counts, [&](size_t j, int64_t r0, int64_t r1, int) {
+      with_dtype(jobs[j].w.dtype, [&](auto tag) { gemv_rows<decltype(tag)>(jobs[j].w, x, xe, xo, r0, r1, jobs[j].y); });
+    });
+    return;
+  }
+  // GEMM: x transposed once into xt [K, ldt] (zero padded to 16 tokens), then
+  // the row tiles of all jobs shared out together.
+  const int64_t ldt = (T + kLanes - 1) / kLanes * kLanes;
+  scratch.xt.resize(size_t(K * ldt));
+  float* xt = scratch.xt.data();
+  pool.parallel_for(K, [&](int64_t b, int64_t e, int) {
+    for (int64_t k = b; k < e; ++k) {
+      float* col = xt + k * ldt;
+      for (int64_t t = 0; t < T; ++t) col[t] = x[t * K + k];
+      for (int64_t t = T; t < ldt; ++t) col[t] = 0.0f;
+    }
+  });
+  if (int(scratch.panels.size()) < pool.size()) scratch.panels.resize(size_t(pool.size()));
+  for (const MatmulJob& j : jobs) counts.push_back((j.w.rows + kPanelRows - 1) / kPanelRows);
+  for_each_job_range(pool, counts, [&](size_t j, int64_t t0, int64_t t1, int worker) {
+    with_dtype(jobs[j].w.dtype, [&](auto tag) {
+      gemm_tiles<decltype(tag)>(jobs[j].w, xt, ldt, T, t0, t1, scratch.panels[size_t(worker)], jobs[j].y);
+    });
+  });
+}
+
+void matmul(ThreadPool& pool, MatmulScratch& scratch, const float* x, int64_t T, const WMat& W, float* y) {
+  matmul(pool, scratch, x, T, std::vector<MatmulJob>{{W, y}});
+}
+
+void add_bias(const WMat& b, int64_t T, float* y) {
+  const int64_t n = b.cols;
+  std::vector<float> bias(static_cast<size_t>(n));
+  load_row(b, 0, 0, n, bias.data());
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < n; ++i) y[t * n + i] += bias[size_t(i)];
+}
+
+void rms_norm(ThreadPool& pool, const float* x, int64_t rows, int64_t n, const WMat& w, float eps, float* y) {
+  std::vector<float> weight(static_cast<size_t>(n));
+  load_row(w, 0, 0, n, weight.data());
+  pool.parallel_for(rows, [&](int64_t r0, int64_t r1, int) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = x + r * n;
+      float* yr = y + r * n;
+      // mean(x²) accumulated in double (16 lanes, fixed order), then float32.
+      v8d a0 = v8d{}, a1 = v8d{};
+      int64_t i = 0;
+      for (; i + kLanes <= n; i += kLanes) {
+        v8f lo, hi;
+        std::memcpy(&lo, xr + i, sizeof lo);
+        std::memcpy(&hi, xr + i + 8, sizeof hi);
+        const v8d dlo = __builtin_convertvector(lo, v8d), dhi = __builtin_convertvector(hi, v8d);
+        a0 += dlo * dlo;
+        a1 += dhi * dhi;
+      }
+      const v8d a = a0 + a1;
+      double ss = 0;
+      for (int l = 0; l < 8; ++l) ss += a[l];
+      for (; i < n; ++i) ss += double(xr[i]) * double(xr[i]);
+      const float var = float(ss / double(n));
+      const float inv_rms = float(1.0 / std::sqrt(double(var + eps)));
+      for (int64_t j = 0; j < n; ++j) {
+        const float h = xr[j] * inv_rms;
+        yr[j] = weight[size_t(j)] * h;
+      }
+    }
+  });
+}
+
+void add(const float* a, const float* b, int64_t n, float* dst) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = a[i] + b[i];
+}
+
+void silu_mul(ThreadPool& pool, const float* g, const float* u, int64_t n, float* act) {
+  pool.parallel_for(n, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) {
+      const float silu = g[i] / (1.0f + std::exp(-g[i]));
+      act[i] = silu * u[i];
+    }
+  });
+}
+
+float dot(const float* a, const float* b, int64_t n) {
+  v16f acc = v16f{};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) acc += load16(a + i) * load16(b + i);
+  float s = hsum(acc);
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+void attention(ThreadPool& pool, std::vector<std::vector<float>>& row_scratch, const AttentionArgs& a) {
+  const int64_t T = a.T, S = a.S, Dh = a.Dh;
+  const int64_t q_stride = a.Hq * Dh, kv_stride = a.Hkv * Dh;
+  if (int(row_scratch.size()) < pool.size()) row_scratch.resize(size_t(pool.size()));
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  pool.parallel_for(a.Hq * T, [&](int64_t b, int64_t e, int worker) {
+    std::vector<float>& row = row_scratch[size_t(worker)];
+    row.resize(size_t(S));
+    for (int64_t unit = b; unit < e; ++unit) {
+      const int64_t h = unit / T, t = unit % T;
+      const float* q = a.q + t * q_stride + h * Dh;
+      const float* k = a.k + int64_t(a.kv_head[h]) * Dh;
+      const float* v = a.v + int64_t(a.kv_head[h]) * Dh;
+      const float* mask = a.mask + t * S;
+      float* scores = a.scores ? a.scores + (h * T + t) * S : nullptr;
+      float* probs = a.probs ? a.probs + (h * T + t) * S : nullptr;
+
+      // scores = q·k * scale (every key when they are dumped, else only the
+      // allowed ones), masked entries -inf.
+      float max = kNegInf;
+      for (int64_t s = 0; s < S; ++s) {
+        const bool allowed = mask[s] != 0.0f;
+        float sc = kNegInf;
+        if (allowed || scores) sc = dot(q, k + s * kv_stride, Dh) * a.scale;
+        if (scores) scores[s] = sc;
+        row[size_t(s)] = allowed ? sc : kNegInf;
+        if (allowed) max = std::max(max, sc);
+      }
+      // softmax over the allowed keys; a fully masked row is uniform, as
+      // HF's finfo.min-filled rows are.
+      float sum = 0.0f;
+      if (max == kNegInf) {
+        for (int64_t s = 0; s < S; ++s) row[size_t(s)] = 1.0f;
+        sum = float(S);
+      } else {
+        for (int64_t s = 0; s < S; ++s) {
+          const float ex = row[size_t(s)] == kNegInf ? 0.0f : std::exp(row[size_t(s)] - max);
+          row[size_t(s)] = ex;
+          sum += ex;
+        }
+      }
+      for (int64_t s = 0; s < S; ++s) row[size_t(s)] /= sum;
+      if (probs) std::memcpy(probs, row.data(), size_t(S) * sizeof(float));
+
+      // ctx = Σ_s p_s · v_s
+      float* ctx = a.ctx + t * q_stride + h * Dh;
+      std::fill(ctx, ctx + Dh, 0.0f);
+      for (int64_t s = 0; s < S; ++s) {
+        const float p = row[size_t(s)];
+        if (p == 0.0f) continue;
+        const float* vs = v + s * kv_stride;
+        for (int64_t d = 0; d < Dh; ++d) ctx[d] += p * vs[d];
+      }
+    }
+  });
+}
+
+}  // namespace llmdiff::impl

@@ -1,0 +1,87 @@
+// The impl's numeric kernels: plain C++ loops written so that the compiler
+// vectorises them (GCC vector extensions for the few reductions), weights read
+// in their stored dtype (F32, BF16, F16) and converted on the fly, f32
+// activations and accumulation.
+//
+// Every kernel computes each output element in one piece with a fixed order
+// of operations, whatever the split of the work over threads: results are
+// bit-identical for any thread count.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "dumps/dtype.h"
+#include "dumps/weights.h"
+#include "impl/thread_pool.h"
+
+namespace llmdiff::impl {
+
+// A row-major matrix [rows, cols] in its stored dtype (typically a view into
+// the checkpoint's mmap).
+struct WMat {
+  const void* data = nullptr;
+  DType dtype = DType::F32;
+  int64_t rows = 0, cols = 0;
+};
+// A 2-D weight as a WMat; a 1-D one (norm weight, bias) as one row.
+WMat wmat(const WeightView& w);
+
+// Converts cols [c0, c0+n) of row `row` of m to float32.
+void load_row(const WMat& m, int64_t row, int64_t c0, int64_t n, float* dst);
+
+// Scratch buffers of the matmul, reused between calls (one panel per worker).
+class MatmulScratch {
+ public:
+  std::vector<float> xt;                   // x transposed [cols, T padded]
+  std::vector<std::vector<float>> panels;  // per worker: a block of W rows as f32
+};
+
+// y[T, W.rows] = x[T, W.cols] · Wᵀ. T = 1 streams W row by row (GEMV at
+// memory bandwidth); T > 1 converts blocks of W rows to f32 once and runs a
+// register-blocked kernel over all T rows of x.
+void matmul(ThreadPool& pool, MatmulScratch& scratch, const float* x, int64_t T, const WMat& W, float* y);
+
+// Several weights applied to one input (q/k/v, gate/up): x is prepared once
+// and the rows of all of them are shared out over the workers together.
+struct MatmulJob {
+  WMat w;    // [rows, K]
+  float* y;  // [T, rows]
+};
+void matmul(ThreadPool& pool, MatmulScratch& scratch, const float* x, int64_t T, const std::vector<MatmulJob>& jobs);
+
+// y[t, :] += b for each of T rows of length b.cols.
+void add_bias(const WMat& b, int64_t T, float* y);
+
+// RMSNorm over rows of length n: y = w * (x * rsqrt(mean(x²) + eps)), each
+// product rounded to float32 as HF does. `w` is one row of n values; rows in
+// parallel; y may alias x.
+void rms_norm(ThreadPool& pool, const float* x, int64_t rows, int64_t n, const WMat& w, float eps, float* y);
+
+// dst[i] = a[i] + b[i]
+void add(const float* a, const float* b, int64_t n, float* dst);
+
+// act[i] = silu(g[i]) * u[i], silu(g) = g / (1 + exp(-g)), in parallel.
+void silu_mul(ThreadPool& pool, const float* g, const float* u, int64_t n, float* act);
+
+// Σ a[i]·b[i] with 16 partial sums and a fixed final reduction.
+float dot(const float* a, const float* b, int64_t n);
+
+// Scaled dot-product attention of one forward call, every (query head, row)
+// pair in parallel. The KV cache is token-major: row s of `k`/`v` holds all
+// kv heads of key s ([S, Hkv*Dh]).
+struct AttentionArgs {
+  int64_t T = 0, S = 0, Hq = 0, Hkv = 0, Dh = 0;
+  const float* q = nullptr;        // [T, Hq*Dh], after RoPE
+  const float* k = nullptr;        // [S, Hkv*Dh]
+  const float* v = nullptr;        // [S, Hkv*Dh]
+  const float* mask = nullptr;     // [T, S], 1 = may attend
+  const int* kv_head = nullptr;    // [Hq]: kv head read by each query head
+  float scale = 1.0f;              // applied to q·k after the dot product
+  float* scores = nullptr;         // optional [Hq, T, S]: every q·k*scale, masked or not
+  float* probs = nullptr;          // optional [Hq, T, S]: softmax, masked entries 0
+  float* ctx = nullptr;            // [T, Hq*Dh]
+};
+// `row_scratch` holds one row of S floats per worker.
+void attention(ThreadPool& pool, std::vector<std::vector<float>>& row_scratch, const AttentionArgs& a);
+
+}  // namespace llmdiff::impl

@@ -1,0 +1,120 @@
+// llmdiff bench on a synthetic checkpoint: per-engine children report their
+// own peak memory and failures, and the command's JSON holds both engines'
+// figures, agreeing greedy tokens and a complete end-to-end diff. Nothing here
+// asserts a speed.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "cli/bench_support.h"
+#include "cli/commands.h"
+#include "cli/synth.h"
+#include "dumps/errors.h"
+#include "dumps/weights.h"
+#include "support.h"
+
+using namespace llmdiff;
+using namespace llmdiff::cli;
+
+TEST(CliSynthBench, ChildReturnsItsOutputAndItsOwnPeakRss) {
+  const int64_t parent_before = proc_status_bytes("VmHWM");
+  ASSERT_GT(parent_before, 0);
+  const size_t bytes = size_t(256) << 20;
+  const ChildOutcome out = run_in_child([bytes] {
+    std::vector<char> big(bytes);
+    for (size_t i = 0; i < big.size(); i += 4096) big[i] = char(i);  // touch every page
+    return std::string("touched ") + std::to_string(int(big[4096 * 3]));
+  });
+  ASSERT_TRUE(out.ok) << out.failure;
+  EXPECT_EQ(out.output, "touched " + std::to_string(int(char(4096 * 3))));
+  EXPECT_GE(out.maxrss_bytes, int64_t(bytes));
+  // The child's pages never counted in this process.
+  EXPECT_LT(proc_status_bytes("VmHWM") - parent_before, int64_t(bytes / 2));
+}
+
+TEST(CliSynthBench, ChildFailuresAreReported) {
+  const ChildOutcome thrown = run_in_child([]() -> std::string { throw UsageError("no such engine"); });
+  EXPECT_FALSE(thrown.ok);
+  EXPECT_EQ(thrown.failure, "no such engine");
+  const ChildOutcome killed = run_in_child([]() -> std::string {
+    std::raise(SIGKILL);
+    return "unreachable";
+  });
+  EXPECT_FALSE(killed.ok);
+  EXPECT_NE(killed.failure.find("signal 9"), std::string::npos) << killed.failure;
+}
+
+TEST(CliSynthBench, Statistics) {
+  const Stat odd = stat_of({5.0, 1.0, 3.0});
+  EXPECT_EQ(odd.min, 1.0);
+  EXPECT_EQ(odd.median, 3.0);
+  EXPECT_EQ(odd.max, 5.0);
+  const Stat even = stat_of({4.0, 1.0, 2.0, 10.0});
+  EXPECT_EQ(even.median, 3.0);
+  const BandwidthResult bw = measure_read_bandwidth(2, size_t(16) << 20, 2);
+  EXPECT_EQ(bw.all_gbs.size(), 2u);
+  EXPECT_EQ(bw.buffer_bytes, size_t(16) << 20);
+  EXPECT_TRUE(std::isfinite(bw.best_gbs) && bw.best_gbs > 0);
+}
+
+TEST(CliSynthBench, CommandReportsBothEnginesAndTheEndToEndDiff) {
+  const std::string dir = llmdiff::testing::temp_path("bench_tiny_llama");
+  struct Cleanup {
+    std::string path;
+    ~Cleanup() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  } cleanup{dir};
+  SynthOptions so;
+  so.config_json = synth_preset_config("tiny-llama");
+  so.dtype = DType::F32;
+  so.seed = 2;
+  const SynthResult synth = write_synth_checkpoint(dir, so);
+
+  CLI::App app{"llmdiff"};
+  Action action;
+  setup_bench(app, action);
+  std::vector<std::string> args = {"bench", "--model", dir, "--prompt", "12", "--decode", "3", "--repeats", "2",
+                                   "--bandwidth-mib", "16", "--e2e", "--e2e-decode", "2", "--json"};
+  std::reverse(args.begin(), args.end());
+  app.parse(args);
+  ::testing::internal::CaptureStdout();
+  const int rc = action();
+  const std::string text = ::testing::internal::GetCapturedStdout();
+  ASSERT_EQ(rc, 0) << text;
+  const auto j = nlohmann::json::parse(text);
+
+  EXPECT_EQ(j["weight_bytes"].get<uint64_t>(), synth.data_bytes);
+  EXPECT_EQ(j["parameters"].get<uint64_t>(), synth.parameters);
+  ASSERT_EQ(j["engines"].size(), 2u);
+  for (const auto& e : j["engines"]) {
+    ASSERT_FALSE(e.contains("error")) << e.dump();
+    EXPECT_EQ(e["prefill_tok_s"].size(), 2u);
+    EXPECT_EQ(e["decode_ms_per_token"].size(), 2u);
+    EXPECT_EQ(e["generated"].size(), 4u);  // the prefill's token + 3 decoded
+    // Every weight page is read, and the engine's own RSS holds them.
+    EXPECT_GE(e["peak_rss_bytes"].get<int64_t>(), int64_t(synth.data_bytes)) << e["engine"];
+    EXPECT_GT(e["decode_bound_ms"].get<double>(), 0.0);
+    EXPECT_GE(e["prefill"]["best_tok_s"].get<double>(), e["prefill"]["median_tok_s"].get<double>());
+    EXPECT_LE(e["decode"]["best_ms"].get<double>(), e["decode"]["median_ms"].get<double>());
+  }
+  // Both compute float32 on a float32 checkpoint: the same greedy tokens.
+  EXPECT_EQ(j["engines"][0]["generated"], j["engines"][1]["generated"]);
+
+  const auto& e2e = j["e2e"];
+  ASSERT_FALSE(e2e.contains("error")) << e2e.dump();
+  EXPECT_EQ(e2e["steps"].get<int>(), 3);
+  EXPECT_EQ(e2e["ref"]["tensors"], e2e["impl"]["tensors"]);
+  EXPECT_EQ(e2e["compared"], e2e["ref"]["tensors"]);
+  EXPECT_EQ(e2e["only_in_ref"].get<int>(), 0);
+  EXPECT_EQ(e2e["only_in_impl"].get<int>(), 0);
+  EXPECT_GT(e2e["ref"]["dump_bytes"].get<uint64_t>(), 0u);
+  EXPECT_FALSE(e2e.contains("note")) << e2e["note"];
+}

@@ -1,0 +1,189 @@
+// The impl against HuggingFace: every golden model and scenario replayed
+// through the impl, every tensor compared with HF's; results independent of
+// the thread count; KV capacity errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <iostream>
+#include <map>
+
+#include "dumps/dump.h"
+#include "dumps/engine.h"
+#include "dumps/errors.h"
+#include "dumps/names.h"
+#include "dumps/weights.h"
+#include "impl/impl_engine.h"
+#include "tests/support.h"
+
+namespace llmdiff {
+namespace {
+
+using testing::golden_dump;
+using testing::golden_model;
+
+const char* const kScenarios[] = {"prefill", "decode", "chunked"};
+
+// Replays a golden dump through the impl into memory.
+MemoryDump run_impl(const Model& model, const TensorSource& golden, int threads) {
+  impl::ImplOptions opt;
+  opt.threads = threads;
+  auto engine = impl::make_impl_engine(model, opt);
+  MemoryDump out("impl");
+  run_scenario(*engine, replay_scenario(golden), out);
+  return out;
+}
+
+struct Worst {
+  double nmse = 0, rel_abs = 0, logits_nmse = 0;
+  std::string nmse_at, abs_at;
+};
+
+TEST(ImplGolden, MatchesHuggingFaceOnEveryModelAndScenario) {
+  const auto models = testing::golden_models();
+  ASSERT_GE(models.size(), 5u);
+  for (const std::string& name : models) {
+    const Model model = Model::load(golden_model(name));
+    const bool bf16 = model.config.torch_dtype == "bfloat16";
+    Worst worst;
+    for (const char* scenario : kScenarios) {
+      SCOPED_TRACE(name + "/" + scenario);
+      DumpFile hf(golden_dump(name, scenario));
+      MemoryDump ours = run_impl(model, hf, 2);
+      for (const std::string& n : hf.names()) {
+        ASSERT_TRUE(ours.has(n)) << "impl does not produce " << n;
+        const TensorData a = ours.get(n), b = hf.get(n);
+        ASSERT_EQ(a.shape, b.shape) << n;
+        if (b.is_int) {
+          ASSERT_TRUE(a.is_int) << n;
+          EXPECT_EQ(a.i, b.i) << n;
+          continue;
+        }
+        const double nmse = testing::nmse(a, b);
+        const double rel_abs = testing::max_abs_diff(a, b) / std::max(1.0, testing::max_abs(b));
+        if (nmse > worst.nmse) worst.nmse = nmse, worst.nmse_at = std::string(scenario) + ":" + n;
+        if (rel_abs > worst.rel_abs) worst.rel_abs = rel_abs, worst.abs_at = std::string(scenario) + ":" + n;
+        const CanonName cn = parse_name(n);
+        const bool is_logits = cn.site == "logits" || cn.site == "next_logits";
+        if (is_logits) worst.logits_nmse = std::max(worst.logits_nmse, nmse);
+        if (!bf16) {
+          EXPECT_LE(nmse, 1e-10) << n;
+          EXPECT_LE(rel_abs, 1e-5) << n;
+        } else if (is_logits) {
+          EXPECT_LE(nmse, 1e-3) << n;
+        }
+      }
+      // The impl reports nothing outside the spec and nothing HF lacks.
+      for (const std::string& n : ours.names()) EXPECT_TRUE(hf.has(n)) << "extra name " << n;
+    }
+    std::cout << "[impl vs HF] " << name << ": worst NMSE " << worst.nmse << " (" << worst.nmse_at
+              << "), worst max|diff|/max(1,max|HF|) " << worst.rel_abs << " (" << worst.abs_at
+              << "), worst logits NMSE " << worst.logits_nmse << "\n";
+  }
+}
+
+TEST(ImplGolden, Bf16ModelGeneratesHfTokens) {
+  const Model model = Model::load(golden_model("llama-mha-bf16"));
+  ASSERT_EQ(model.weights->storage_dtype(), DType::BF16);
+  DumpFile hf(golden_dump("llama-mha-bf16", "decode"));
+  MemoryDump ours = run_impl(model, hf, 2);
+  EXPECT_EQ(ours.get("generated").i, hf.get("generated").i);
+}
+
+// Float values compared bit for bit (NaN payloads and signed zeros included).
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+// Every tensor, byte for byte.
+void expect_identical(const TensorSource& a, const TensorSource& b) {
+  ASSERT_EQ(a.names(), b.names());
+  for (const std::string& n : a.names()) {
+    const TensorData x = a.get(n), y = b.get(n);
+    ASSERT_EQ(x.shape, y.shape) << n;
+    ASSERT_EQ(x.i, y.i) << n;
+    EXPECT_TRUE(same_bits(x.f, y.f)) << n << " differs";
+  }
+}
+
+TEST(ImplGolden, ResultsDoNotDependOnThreadCount) {
+  for (const char* name : {"llama-gqa", "qwen3-qknorm", "llama-mha-bf16"}) {
+    SCOPED_TRACE(name);
+    const Model model = Model::load(golden_model(name));
+    for (const char* scenario : {"decode", "chunked"}) {
+      DumpFile hf(golden_dump(name, scenario));
+      MemoryDump one = run_impl(model, hf, 1), two = run_impl(model, hf, 2), three = run_impl(model, hf, 3);
+      expect_identical(one, two);
+      expect_identical(one, three);
+    }
+  }
+}
+
+TEST(ImplGolden, ObservingFewerSitesChangesNothing) {
+  // Sites that cost memory (scores, probs, k_rep, logits) are only built when
+  // wanted; what is computed must not depend on it.
+  const Model model = Model::load(golden_model("qwen2-bias"));
+  DumpFile hf(golden_dump("qwen2-bias", "decode"));
+  const Scenario sc = replay_scenario(hf);
+  auto engine = impl::make_impl_engine(model, {});
+  MemoryDump all("all"), few("few");
+  few.set_filter({"*next_logits", "*attn.ctx", "generated"});
+  run_scenario(*engine, sc, all);
+  run_scenario(*engine, sc, few);
+  ASSERT_FALSE(few.names().empty());
+  for (const std::string& n : few.names()) {
+    const TensorData x = all.get(n), y = few.get(n);
+    EXPECT_EQ(x.i, y.i) << n;
+    EXPECT_TRUE(same_bits(x.f, y.f)) << n;
+  }
+}
+
+TEST(ImplGolden, KvCapacityOverflowIsAUsageError) {
+  const Model model = Model::load(golden_model("llama-gqa"));
+  impl::ImplOptions opt;
+  opt.max_seq = 5;
+  auto engine = impl::make_impl_engine(model, opt);
+  NullObserver none;
+  engine->forward({1, 2, 3, 4}, 0, none);
+  try {
+    engine->forward({5, 6}, 1, none);
+    FAIL() << "expected a UsageError for 4 + 2 tokens in a cache of 5";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("capacity"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("5"), std::string::npos) << e.what();
+  }
+  // The failed call left the cache as it was: one more token still fits.
+  EXPECT_NO_THROW(engine->forward({5}, 1, none));
+  EXPECT_THROW(engine->forward({6}, 2, none), UsageError);
+  // reset() empties the cache.
+  engine->reset();
+  EXPECT_NO_THROW(engine->forward({1, 2, 3, 4, 5}, 0, none));
+
+  // Default capacity: max_position_embeddings (128 for this model).
+  auto dflt = impl::make_impl_engine(model, {});
+  EXPECT_THROW(dflt->forward(std::vector<int64_t>(129, 1), 0, none), UsageError);
+  EXPECT_NO_THROW(dflt->forward(std::vector<int64_t>(128, 1), 0, none));
+}
+
+TEST(ImplGolden, RejectsBadTokens) {
+  const Model model = Model::load(golden_model("llama-gqa"));
+  auto engine = impl::make_impl_engine(model, {});
+  NullObserver none;
+  EXPECT_THROW(engine->forward({}, 0, none), UsageError);
+  EXPECT_THROW(engine->forward({1, model.config.vocab_size}, 0, none), UsageError);
+  EXPECT_THROW(engine->forward({-1}, 0, none), UsageError);
+}
+
+TEST(ImplGolden, ManifestFields) {
+  const Model model = Model::load(golden_model("llama-gqa"));
+  auto engine = impl::make_impl_engine(model, {});
+  EXPECT_EQ(engine->dtype_name(), "float32");
+  EXPECT_NE(engine->producer().find("impl"), std::string::npos);
+  impl::ImplOptions opt;
+  opt.bugs = {impl::parse_bug("rope-theta=5000")};
+  auto buggy = impl::make_impl_engine(model, opt);
+  EXPECT_NE(buggy->producer().find("rope-theta=5000"), std::string::npos) << buggy->producer();
+}
+
+}  // namespace
+}  // namespace llmdiff
