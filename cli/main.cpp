@@ -13,6 +13,10 @@ int main(int argc, char** argv) {
   llmdiff::cli::Action action;
   llmdiff::cli::setup_inspect(app, action);
   llmdiff::cli::setup_dump(app, action);
+  llmdiff::cli::setup_diff(app, action);
+  llmdiff::cli::setup_regress(app, action);
+  llmdiff::cli::setup_run(app, action);
+  llmdiff::cli::setup_bisect(app, action);
   llmdiff::cli::setup_synth(app, action);
   llmdiff::cli::setup_bench(app, action);
   try {

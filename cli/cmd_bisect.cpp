@@ -1,0 +1,43 @@
+// llmdiff bisect --model DIR CANDIDATE [--no-noise-floor] [--no-local]
+//   [--no-diagnose] [--json] [--all] [--report FILE.md] [--sites GLOB,...]
+//   [--tol GLOB=SPEC]... [--rtol X] [--atol X] [--threads N]
+// An external dump (any producer) against the ref: the candidate's own
+// forward calls are replayed through the ref at the candidate's compute dtype
+// and in float64; the first divergence (noise floor), the local errors
+// (teacher forcing) and a diagnosis from the bug zoo.
+#include "cli/commands.h"
+#include "cli/oracle.h"
+#include "dumps/errors.h"
+
+namespace llmdiff::cli {
+
+struct BisectCommandOptions {
+  std::string model, candidate;
+  BisectCliOptions bisect;
+};
+
+namespace {
+
+int run_bisect(const BisectCommandOptions& o) {
+  if (o.model.empty()) throw UsageError("--model is required (the HF model directory the candidate ran)");
+  if (o.candidate.empty()) throw UsageError("a candidate dump is required");
+  DumpFile cand(o.candidate);
+  ModelOracles m(o.model, o.bisect.threads);
+  compare::BisectResult r = bisect_candidate(m, cand, bisect_options(o.bisect));
+  return emit_bisect(r, o.bisect);
+}
+
+}  // namespace
+
+void setup_bisect(CLI::App& app, Action& action) {
+  auto o = std::make_shared<BisectCommandOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "bisect", "Find where an external dump first diverges from the reference, which op is wrong by itself "
+                "(local errors), and which bug of the zoo explains it");
+  sub->add_option("--model", o->model, "HF model directory (config.json + safetensors) the candidate ran");
+  sub->add_option("candidate", o->candidate, "the candidate's llm-dump/1 file");
+  add_bisect_cli_options(*sub, o->bisect);
+  sub->callback([o, &action] { action = [o] { return run_bisect(*o); }; });
+}
+
+}  // namespace llmdiff::cli

@@ -1,0 +1,64 @@
+// llmdiff run --model DIR (--tokens 1,2,3 | --replay DUMP) [--decode N]
+//   [--chunks 4,3] [--inject BUG]... [--out FILE] [bisect options]
+// The ref against the impl in one process: the impl (with --inject, a buggy
+// impl) is the candidate; its forward calls are replayed through the ref and
+// the run ends with the bisection and, on a divergence, a diagnosis.
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "cli/oracle.h"
+#include "dumps/errors.h"
+
+namespace llmdiff::cli {
+
+struct RunOptions {
+  std::string model, tokens, replay, chunks, out;
+  int decode = 0;
+  std::vector<std::string> inject;
+  int64_t max_seq = 0;
+  BisectCliOptions bisect;
+};
+
+namespace {
+
+int run_run(const RunOptions& o) {
+  if (o.model.empty()) throw UsageError("--model is required");
+  Scenario sc = scenario_from_options(o.tokens, o.replay, o.chunks, o.decode);
+  ModelOracles m(o.model, o.bisect.threads);
+  EngineOptions eo;
+  eo.threads = o.bisect.threads;
+  eo.max_seq = o.max_seq;
+  eo.inject = o.inject;
+  auto engine = make_engine("impl", m.model, eo);
+  MemoryDump cand(o.inject.empty() ? "impl" : "impl --inject " + [&] {
+    std::string s;
+    for (const auto& b : o.inject) s += (s.empty() ? "" : ",") + b;
+    return s;
+  }());
+  cand.mutable_manifest() = make_manifest(*engine, m.model, o.model, sc);
+  run_scenario(*engine, sc, cand);
+  if (!o.out.empty()) cand.save(o.out);
+  compare::BisectResult r = bisect_candidate(m, cand, bisect_options(o.bisect));
+  return emit_bisect(r, o.bisect);
+}
+
+}  // namespace
+
+void setup_run(CLI::App& app, Action& action) {
+  auto o = std::make_shared<RunOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "run", "Run the impl (optionally with zoo bugs) against the ref in one process: first divergence, local "
+             "errors and diagnosis");
+  sub->add_option("--model", o->model, "HF model directory (config.json + safetensors)");
+  sub->add_option("--tokens", o->tokens, "prompt token ids, comma separated");
+  sub->add_option("--replay", o->replay, "run exactly the forward calls of this dump");
+  sub->add_option("--decode", o->decode, "greedy decode steps after the prompt")->check(CLI::NonNegativeNumber);
+  sub->add_option("--chunks", o->chunks, "chunked prefill: chunk sizes, comma separated");
+  sub->add_option("--inject", o->inject, "switch on a bug of the zoo in the impl (repeatable; see dump --list-bugs)");
+  sub->add_option("--max-seq", o->max_seq, "impl KV cache capacity (default: max_position_embeddings)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--out", o->out, "also save the impl's dump (the candidate) to this file");
+  add_bisect_cli_options(*sub, o->bisect);
+  sub->callback([o, &action] { action = [o] { return run_run(*o); }; });
+}
+
+}  // namespace llmdiff::cli

@@ -1,0 +1,108 @@
+// The model-backed implementations of compare/'s bisection interfaces:
+//  - RefRunner: the libtorch ref over a scenario at a compute dtype;
+//  - RefLocalOracle: every site of a dump recomputed with the ref's ops
+//    (ref/ops.h) from that dump's own inputs (teacher forcing), optionally
+//    with the ops changed as a bug hypothesis of the zoo says;
+//  - ImplHypothesisRunner: the plain C++ impl with one zoo bug switched on.
+// and the bisect pipeline shared by `llmdiff bisect` and `llmdiff run`.
+#pragma once
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "compare/diagnose.h"
+#include "dumps/engine.h"
+#include "dumps/weights.h"
+
+namespace llmdiff::cli {
+
+class RefRunner : public compare::ReferenceRunner {
+ public:
+  RefRunner(const Model& model, std::string model_dir, int threads);
+  ~RefRunner() override;
+  std::unique_ptr<MemoryDump> run(const Scenario& sc, ComputeDType dtype,
+                                  const std::vector<std::string>& wanted = {}) const override;
+  std::string describe() const override;
+
+ private:
+  const Model& model_;
+  std::string dir_;
+  int threads_;
+  mutable std::map<ComputeDType, std::unique_ptr<Engine>> engines_;  // built on first use
+};
+
+class RefLocalOracle : public compare::LocalOracle {
+ public:
+  // libtorch's thread count is the one the RefRunner's engines set.
+  explicit RefLocalOracle(const Model& model);
+  ~RefLocalOracle() override;
+  std::unique_ptr<compare::Recomputed> recompute(const TensorSource& dump, ComputeDType dtype,
+                                                 const compare::Hypothesis* h = nullptr) const override;
+  bool supports(const compare::Hypothesis& h) const override;
+
+  struct Weights;  // the checkpoint as tensors of one dtype (cli/oracle.cpp)
+
+ private:
+  const Weights& weights(ComputeDType dtype) const;
+  const Model& model_;
+  mutable std::map<ComputeDType, std::unique_ptr<Weights>> weights_;
+};
+
+class ImplHypothesisRunner : public compare::HypothesisRunner {
+ public:
+  ImplHypothesisRunner(const Model& model, int threads);
+  std::vector<compare::Hypothesis> hypotheses() const override;
+  std::vector<std::pair<std::string, std::string>> inapplicable() const override;
+  std::unique_ptr<MemoryDump> run(const compare::Hypothesis& h, const Scenario& sc,
+                                  const std::vector<std::string>& wanted) const override;
+  std::optional<double> configured(const std::string& bug) const override;
+  std::string description(const std::string& bug) const override;
+
+ private:
+  const Model& model_;
+  int threads_;
+};
+
+// The values tried for the parameterised bugs: common rope_theta and
+// rms_norm_eps values of public checkpoints, the impl's default for the bug,
+// and config value x/÷ 10 (the config's own value is left out: it is no bug).
+std::vector<double> rope_theta_grid(const ModelConfig& cfg);
+std::vector<double> rmsnorm_eps_grid(const ModelConfig& cfg);
+
+// A model directory loaded with the three runners.
+struct ModelOracles {
+  ModelOracles(const std::string& model_dir, int threads);
+  ModelOracles(const ModelOracles&) = delete;
+  ModelOracles& operator=(const ModelOracles&) = delete;
+  std::string dir;
+  Model model;
+  RefRunner reference;
+  RefLocalOracle oracle;
+  ImplHypothesisRunner hypotheses;
+};
+
+// bisect() of compare/diagnose.h with the model's runners.
+compare::BisectResult bisect_candidate(const ModelOracles& m, const TensorSource& cand,
+                                       const compare::BisectOptions& opt);
+
+// The command-line options bisect and run share.
+struct BisectCliOptions {
+  std::vector<std::string> tol;     // --tol GLOB=SPEC (repeatable)
+  std::optional<double> rtol, atol;
+  std::string sites;                // --sites GLOB,...
+  bool no_noise_floor = false, no_local = false, no_diagnose = false;
+  bool json = false, all = false;
+  std::string report;               // --report FILE.md
+  int threads = 0;
+};
+void add_bisect_cli_options(CLI::App& sub, BisectCliOptions& o);
+compare::BisectOptions bisect_options(const BisectCliOptions& o);
+// Prints the result (table or JSON), writes the Markdown report if asked;
+// returns the exit code (0 within tolerance, 1 divergence).
+int emit_bisect(const compare::BisectResult& r, const BisectCliOptions& o);
+
+}  // namespace llmdiff::cli

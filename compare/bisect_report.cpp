@@ -1,0 +1,421 @@
+// Table, JSON and Markdown renderings of a bisection. The JSON schema is
+// documented in compare/README.md ("Bisect JSON"); fields are only ever
+// added, never renamed or removed, without bumping the schema version.
+#include "compare/bisect_report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "compare/report.h"
+
+namespace llmdiff::compare {
+
+namespace {
+using nlohmann::json;
+
+json num(double v) {
+  if (std::isfinite(v)) return v;
+  return fmt_num(v);
+}
+
+json opt_str(const std::optional<std::string>& s) { return s ? json(*s) : json(nullptr); }
+
+std::string pad(const std::string& s, size_t w) { return s.size() >= w ? s + " " : s + std::string(w - s.size(), ' '); }
+
+std::string short_num(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  if (v == 0) return "0";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2e", v);
+  return buf;
+}
+
+std::string steps_text(const Scenario& sc) {
+  std::string t;
+  for (const auto& s : sc.steps) t += (t.empty() ? "" : ", ") + std::to_string(s.size());
+  return std::to_string(sc.steps.size()) + " forward call" + (sc.steps.size() == 1 ? "" : "s") + " (T = " + t + ")";
+}
+
+std::string criterion_text(const BisectResult& r) {
+  if (r.noise_floor) {
+    char m[16];
+    std::snprintf(m, sizeof m, "%g", noise_multiplier(r.dtype));
+    return std::string("noise floor: RMSE vs the float64 reference <= ") + m + " x the reference's own " +
+           compute_dtype_name(r.dtype) + " RMSE + floor";
+  }
+  return "allclose at " + r.global.base_tolerance.str();
+}
+
+// "rmse 1.2e-01 > 2 x 3.1e-08 + 2.4e-07 (max err 5.3e-01)" for a divergence.
+std::string divergence_text(const TensorComparison& t) {
+  std::string s;
+  if (!t.shape_match) return "shape " + shape_str(t.cand_shape) + " vs reference " + shape_str(t.ref_shape);
+  if (t.is_int) {
+    return std::to_string(t.ints.mismatches) + " of " + std::to_string(t.ints.count) + " values differ (first: " +
+           std::to_string(t.ints.cand_value) + " where the reference has " + std::to_string(t.ints.ref_value) + ")";
+  }
+  if (t.judgement.metric == "rmse vs float64")
+    s = "rmse vs float64 " + short_num(t.judgement.value) + " > threshold " + short_num(t.judgement.threshold);
+  else
+    s = t.judgement.metric + " " + short_num(t.judgement.value) + " > " + short_num(t.judgement.threshold);
+  s += " (max err " + short_num(t.metrics.max_abs) + ", nmse " + short_num(t.metrics.nmse) + ")";
+  return s;
+}
+
+std::string local_text(const LocalSite& s) {
+  if (!s.shape_match) return s.note;
+  if (s.is_int) return s.note.empty() ? "exact" : s.note;
+  std::string t = "local rmse " + short_num(s.noise.cand_rmse) + (s.pass ? " <= " : " > ") + short_num(s.noise.threshold()) +
+                  " (reference's local rmse " + short_num(s.noise.ref_rmse) + "), max err " + short_num(s.max_abs);
+  return t;
+}
+
+std::string hyp_support(const HypothesisEvidence& e) {
+  if (e.supported_by_replay && e.supported_by_local) return "replay + local";
+  if (e.supported_by_replay) return "replay";
+  if (e.supported_by_local) return "local";
+  return "no";
+}
+
+std::string ratio(int a, int b) { return std::to_string(a) + "/" + std::to_string(b); }
+
+json hypothesis_json(const HypothesisEvidence& e) {
+  json j = {{"hypothesis", e.hypothesis.str()},
+            {"bug", e.hypothesis.bug},
+            {"value", e.hypothesis.value ? json(*e.hypothesis.value) : json(nullptr)},
+            {"supported", e.supported()},
+            {"supported_by", json::array()},
+            {"score", num(e.score)},
+            {"replay", nullptr},
+            {"local", nullptr},
+            {"summary", e.summary}};
+  if (e.supported_by_replay) j["supported_by"].push_back("replay");
+  if (e.supported_by_local) j["supported_by"].push_back("local");
+  if (e.replayed)
+    j["replay"] = {{"compared", e.replay_compared},
+                   {"agree", e.replay_agree},
+                   {"diverging_compared", e.failing_compared},
+                   {"diverging_agree", e.failing_agree},
+                   {"focus_agree", e.replay_focus_agree},
+                   {"focus_rmse", num(e.replay_focus_rmse)},
+                   {"focus_threshold", num(e.replay_focus_threshold)},
+                   {"first_disagreement", e.replay_first_disagreement.empty() ? json(nullptr)
+                                                                              : json(e.replay_first_disagreement)}};
+  if (e.local_tested)
+    j["local"] = {{"failures", e.local_failures},
+                  {"fixed", e.local_fixed},
+                  {"new", e.local_new},
+                  {"focus_pass", e.local_focus_pass},
+                  {"focus_max_abs", num(e.local_focus_max_abs)},
+                  {"focus_rmse", num(e.local_focus_rmse)}};
+  return j;
+}
+
+json local_site_json(const LocalSite& s) {
+  return {{"name", s.name},
+          {"source", s.source},
+          {"pass", s.pass},
+          {"kind", s.is_int ? "int" : "float"},
+          {"shape_match", s.shape_match},
+          {"cand_shape", json(s.cand_shape)},
+          {"local_shape", json(s.local_shape)},
+          {"rmse", num(s.noise.cand_rmse)},
+          {"ref_rmse", s.has_ref_noise ? num(s.noise.ref_rmse) : json(nullptr)},
+          {"threshold", num(s.noise.threshold())},
+          {"max_abs", num(s.max_abs)},
+          {"nmse", num(s.nmse)},
+          {"int_mismatches", s.int_mismatches},
+          {"note", s.note}};
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// JSON
+
+json bisect_to_json(const BisectResult& r) {
+  const Diagnosis& d = r.diagnosis;
+  json steps = json::array();
+  for (const auto& s : r.scenario.steps) steps.push_back(s.size());
+  json j = {{"schema", kBisectSchema},
+            {"candidate", r.candidate_label},
+            {"model", r.model},
+            {"reference", r.reference},
+            {"dtype", compute_dtype_name(r.dtype)},
+            {"dtype_source", r.dtype_source},
+            {"scenario", {{"name", r.scenario.name}, {"tokens_per_step", steps}, {"generated", r.scenario.emit_generated}}},
+            {"criterion", r.noise_floor ? "noise-floor" : "allclose"},
+            {"ok", r.ok()},
+            {"exit_code", r.exit_code()},
+            {"first_divergence", opt_str(r.first_divergence())},
+            {"first_local_failure", opt_str(r.first_local_failure())},
+            {"localised_at", opt_str(r.localised_at())},
+            {"compared", r.global.tensors.size()},
+            {"diverging", r.global.failing()},
+            {"local", nullptr},
+            {"diagnosis", nullptr},
+            {"notes", r.notes},
+            {"diff", diff_to_json(r.global)}};
+  if (r.local.ran) {
+    json failing = json::array();
+    for (const auto& s : r.local.sites)
+      if (!s.pass) failing.push_back(local_site_json(s));
+    j["local"] = {{"recomputed", r.local.sites.size()},
+                  {"failing", r.local.failing()},
+                  {"first_failure", r.local.first() ? local_site_json(*r.local.first()) : json(nullptr)},
+                  {"failing_sites", failing},
+                  {"not_recomputed", r.local.not_recomputed}};
+  }
+  json dj = {{"needed", d.needed},
+             {"focus", d.focus.empty() ? json(nullptr) : json(d.focus)},
+             {"bug", d.bug ? json(d.bug->bug) : json(nullptr)},
+             {"value", d.bug && d.bug->value ? json(*d.bug->value) : json(nullptr)},
+             {"hypothesis", d.bug ? json(d.bug->str()) : json(nullptr)},
+             {"description", d.bug ? json(d.description) : json(nullptr)},
+             {"basis", d.basis.empty() ? json(nullptr) : json(d.basis)},
+             {"evidence", d.evidence},
+             {"ambiguous", d.ambiguous},
+             {"hypotheses", json::array()},
+             {"fingerprints", json::array()},
+             {"inapplicable", json::array()}};
+  for (const auto& e : d.ranked) dj["hypotheses"].push_back(hypothesis_json(e));
+  for (const auto& f : d.fingerprints)
+    dj["fingerprints"].push_back({{"bug", f.bug}, {"evidence", f.evidence}, {"decisive", f.decisive}});
+  for (const auto& p : d.inapplicable) dj["inapplicable"].push_back({{"bug", p.first}, {"reason", p.second}});
+  j["diagnosis"] = dj;
+  return j;
+}
+
+std::string render_bisect_json(const BisectResult& r) { return bisect_to_json(r).dump(2) + "\n"; }
+
+// ---------------------------------------------------------------------------
+// Table
+
+std::string render_bisect_table(const BisectResult& r, const BisectTableOptions& opt) {
+  std::string o;
+  const Diagnosis& d = r.diagnosis;
+  o += "llmdiff bisect: " + r.candidate_label + "\n";
+  o += "  model " + (r.model.empty() ? std::string("?") : r.model) + ", scenario " + r.scenario.name + ": " +
+       steps_text(r.scenario) + ", compute dtype " + compute_dtype_name(r.dtype) + " (" + r.dtype_source + ")\n";
+  o += "  reference: " + r.reference + "\n";
+  o += "  criterion: " + criterion_text(r) + "\n\n";
+
+  if (r.ok()) {
+    o += "RESULT: no divergence: " + std::to_string(r.global.tensors.size()) + " names within the " +
+         (r.noise_floor ? "noise floor" : "tolerance");
+    if (r.local.ran) o += ", " + std::to_string(r.local.sites.size()) + " local recomputes within the noise";
+    o += "\n";
+  } else {
+    o += "RESULT: divergence, localised at " + r.localised_at().value_or("?") + "\n";
+  }
+  if (const TensorComparison* t = r.global.first())
+    o += "  " + pad("first divergence", 22) + pad(t->name, 34) + divergence_text(*t) + "\n";
+  else
+    o += "  " + pad("first divergence", 22) + "none (" + std::to_string(r.global.tensors.size()) + " names compared)\n";
+  if (r.local.ran) {
+    if (const LocalSite* s = r.local.first())
+      o += "  " + pad("first local failure", 22) + pad(s->name, 34) + local_text(*s) + "; recomputed from " +
+           s->source + "\n";
+    else
+      o += "  " + pad("first local failure", 22) + "none (" + std::to_string(r.local.sites.size()) +
+           " sites recomputed from the candidate's own inputs)\n";
+  } else {
+    o += "  " + pad("first local failure", 22) + "not computed\n";
+  }
+  o += "  compared " + std::to_string(r.global.tensors.size()) + " names, " + std::to_string(r.global.failing()) +
+       " diverge";
+  if (!r.global.only_in_ref.empty()) o += "; " + std::to_string(r.global.only_in_ref.size()) + " reference names not in the candidate";
+  if (!r.global.only_in_cand.empty()) o += "; " + std::to_string(r.global.only_in_cand.size()) + " candidate names not in the reference";
+  o += "\n";
+
+  if (r.local.ran && (r.local.failing() > 0 || opt.all)) {
+    o += "\nLocal errors (candidate vs the reference op on its own inputs, float64)" +
+         std::string(opt.all ? "" : ", failing sites") + ":\n";
+    o += "  " + pad("site", 36) + pad("local rmse", 11) + pad("ref local", 11) + pad("threshold", 11) +
+         pad("max err", 11) + "recomputed from\n";
+    int shown = 0;
+    for (const auto& s : r.local.sites) {
+      if (s.pass && !opt.all) continue;
+      if (!opt.all && shown++ == 20) {
+        o += "  ... " + std::to_string(r.local.failing() - 20) + " more failing sites\n";
+        break;
+      }
+      std::string verdict = s.pass ? "" : "  FAIL";
+      if (!s.shape_match || s.is_int) {
+        o += "  " + pad(s.name, 36) + s.note + verdict + "\n";
+        continue;
+      }
+      o += "  " + pad(s.name, 36) + pad(short_num(s.noise.cand_rmse), 11) +
+           pad(s.has_ref_noise ? short_num(s.noise.ref_rmse) : "-", 11) + pad(short_num(s.noise.threshold()), 11) +
+           pad(short_num(s.max_abs), 11) + s.source + verdict + "\n";
+    }
+  }
+
+  o += "\nDiagnosis";
+  if (!d.needed) {
+    o += ": nothing to diagnose\n";
+  } else {
+    o += " at " + d.focus + ": ";
+    if (d.bug)
+      o += d.bug->str() + " (evidence: " + d.basis + ")\n" +
+           (d.description.empty() ? "" : "  the bug: " + d.description + "\n");
+    else
+      o += "no bug of the zoo fits\n";
+    o += "  " + d.evidence + "\n";
+    if (!d.ranked.empty()) {
+      o += "\n  Hypotheses tested (best first" + std::string(opt.all ? "" : ", top " + std::to_string(opt.hypotheses)) +
+           " of " + std::to_string(d.ranked.size()) + "):\n";
+      o += "    " + pad("hypothesis", 24) + pad("replay agree", 14) + pad("diverging", 11) + pad("focus rmse", 11) +
+           pad("local fails", 12) + "supported\n";
+      int shown = 0;
+      for (const auto& e : d.ranked) {
+        if (!opt.all && shown++ == opt.hypotheses) break;
+        o += "    " + pad(e.hypothesis.str(), 24) +
+             pad(e.replayed ? ratio(e.replay_agree, e.replay_compared) : "-", 14) +
+             pad(e.replayed ? ratio(e.failing_agree, e.failing_compared) : "-", 11) +
+             pad(e.replayed ? short_num(e.replay_focus_rmse) : "-", 11) +
+             pad(e.local_tested ? std::to_string(e.local_failures) + " (" + std::to_string(e.local_fixed) + "/" +
+                                      std::to_string(e.local_new) + ")"
+                                : "-",
+                 12) +
+             hyp_support(e) + "\n";
+      }
+    }
+    if (!d.fingerprints.empty()) {
+      o += "\n  Fingerprints:\n";
+      for (const auto& f : d.fingerprints)
+        o += "    " + f.bug + (f.decisive ? "" : " (hint)") + ": " + f.evidence + "\n";
+    }
+    if (!d.inapplicable.empty()) {
+      o += "\n  Not applicable to this model: ";
+      std::string list;
+      for (const auto& p : d.inapplicable) list += (list.empty() ? "" : ", ") + p.first;
+      o += list + "\n";
+    }
+  }
+  for (const auto& n : r.notes) o += "note: " + n + "\n";
+  for (const auto& n : r.global.notes) o += "note: " + n + "\n";
+  return o;
+}
+
+// ---------------------------------------------------------------------------
+// Markdown
+
+namespace {
+std::string md_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '|') o += "\\|";
+    else if (c == '\n') o += "<br>";
+    else o += c;
+  }
+  return o;
+}
+std::string code(const std::string& s) { return "`" + s + "`"; }
+}  // namespace
+
+std::string render_bisect_markdown(const BisectResult& r) {
+  const Diagnosis& d = r.diagnosis;
+  std::string o = "# llmdiff bisection report\n\n";
+  o += "| | |\n|---|---|\n";
+  o += "| candidate | " + code(r.candidate_label) + " |\n";
+  o += "| model | " + md_escape(r.model) + " |\n";
+  o += "| scenario | " + md_escape(r.scenario.name + ": " + steps_text(r.scenario)) + " |\n";
+  o += "| compute dtype | " + std::string(compute_dtype_name(r.dtype)) + " (" + r.dtype_source + ") |\n";
+  o += "| reference | " + md_escape(r.reference) + " |\n";
+  o += "| criterion | " + md_escape(criterion_text(r)) + " |\n";
+  o += "| result | **" + std::string(r.ok() ? "no divergence" : "divergence") + "** (exit code " +
+       std::to_string(r.exit_code()) + ") |\n\n";
+
+  o += "## Localisation\n\n";
+  if (const TensorComparison* t = r.global.first())
+    o += "- First divergence (global): " + code(t->name) + ": " + md_escape(divergence_text(*t)) + "\n";
+  else
+    o += "- First divergence (global): none among " + std::to_string(r.global.tensors.size()) + " names\n";
+  if (r.local.ran) {
+    if (const LocalSite* s = r.local.first())
+      o += "- First local failure (teacher forcing): " + code(s->name) + ": " + md_escape(local_text(*s)) +
+           "; recomputed from " + md_escape(s->source) + "\n";
+    else
+      o += "- First local failure (teacher forcing): none among " + std::to_string(r.local.sites.size()) +
+           " recomputed sites\n";
+  } else {
+    o += "- Local errors: not computed\n";
+  }
+  if (auto at = r.localised_at()) o += "- **Localised at " + code(*at) + "**\n";
+  o += "- " + std::to_string(r.global.tensors.size()) + " names compared, " + std::to_string(r.global.failing()) +
+       " diverge\n\n";
+
+  o += "## Diagnosis\n\n";
+  if (!d.needed) {
+    o += "Nothing to diagnose.\n\n";
+  } else {
+    o += "- Focus: " + code(d.focus) + "\n";
+    o += "- Bug: " + (d.bug ? "**" + code(d.bug->str()) + "** (evidence: " + d.basis + ")" : std::string("none of the zoo fits")) + "\n";
+    if (d.bug && !d.description.empty()) o += "- What it does: " + md_escape(d.description) + "\n";
+    o += "- Evidence: " + md_escape(d.evidence) + "\n\n";
+    if (!d.ranked.empty()) {
+      o += "| hypothesis | replay agree | diverging agree | focus rmse | local failures (fixed/new) | supported |\n";
+      o += "|---|---|---|---|---|---|\n";
+      int shown = 0;
+      for (const auto& e : d.ranked) {
+        if (shown++ == 10) break;
+        o += "| " + code(e.hypothesis.str()) + " | " + (e.replayed ? ratio(e.replay_agree, e.replay_compared) : "-") +
+             " | " + (e.replayed ? ratio(e.failing_agree, e.failing_compared) : "-") + " | " +
+             (e.replayed ? short_num(e.replay_focus_rmse) : "-") + " | " +
+             (e.local_tested ? std::to_string(e.local_failures) + " (" + std::to_string(e.local_fixed) + "/" +
+                                   std::to_string(e.local_new) + ")"
+                             : "-") +
+             " | " + hyp_support(e) + " |\n";
+      }
+      o += "\n";
+    }
+    if (!d.fingerprints.empty()) {
+      o += "Fingerprints:\n\n";
+      for (const auto& f : d.fingerprints)
+        o += "- " + code(f.bug) + (f.decisive ? "" : " (hint)") + ": " + md_escape(f.evidence) + "\n";
+      o += "\n";
+    }
+  }
+
+  if (r.local.ran && r.local.failing() > 0) {
+    o += "## Local failures\n\n| site | local rmse | reference local rmse | threshold | max err | recomputed from |\n";
+    o += "|---|---|---|---|---|---|\n";
+    int shown = 0;
+    for (const auto& s : r.local.sites) {
+      if (s.pass) continue;
+      if (shown++ == 50) break;
+      o += "| " + code(s.name) + " | " + (s.shape_match && !s.is_int ? short_num(s.noise.cand_rmse) : md_escape(s.note)) +
+           " | " + (s.has_ref_noise ? short_num(s.noise.ref_rmse) : "-") + " | " + short_num(s.noise.threshold()) +
+           " | " + short_num(s.max_abs) + " | " + md_escape(s.source) + " |\n";
+    }
+    o += "\n";
+  }
+
+  o += "## Diverging names (global)\n\n";
+  if (r.global.failing() == 0) {
+    o += "None.\n\n";
+  } else {
+    o += "| name | verdict |\n|---|---|\n";
+    int shown = 0;
+    for (const auto& t : r.global.tensors) {
+      if (t.pass) continue;
+      if (shown++ == 50) {
+        o += "| ... | " + std::to_string(r.global.failing() - 50) + " more |\n";
+        break;
+      }
+      o += "| " + code(t.name) + " | " + md_escape(divergence_text(t)) + " |\n";
+    }
+    o += "\n";
+  }
+  if (!r.notes.empty() || !r.global.notes.empty()) {
+    o += "## Notes\n\n";
+    for (const auto& n : r.notes) o += "- " + md_escape(n) + "\n";
+    for (const auto& n : r.global.notes) o += "- " + md_escape(n) + "\n";
+  }
+  return o;
+}
+
+}  // namespace llmdiff::compare

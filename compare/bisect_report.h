@@ -1,0 +1,23 @@
+// Renderers of bisection results (compare/diagnose.h): a readable table,
+// JSON (schema "llmdiff.bisect/1", documented in compare/README.md) and a
+// Markdown bisection report.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "compare/diagnose.h"
+
+namespace llmdiff::compare {
+
+inline constexpr const char* kBisectSchema = "llmdiff.bisect/1";
+
+struct BisectTableOptions {
+  bool all = false;     // every local site and every hypothesis (default: failing sites, top hypotheses)
+  int hypotheses = 5;   // hypotheses listed when !all
+};
+std::string render_bisect_table(const BisectResult& r, const BisectTableOptions& opt = {});
+nlohmann::json bisect_to_json(const BisectResult& r);
+std::string render_bisect_json(const BisectResult& r);  // bisect_to_json, indented, newline-terminated
+std::string render_bisect_markdown(const BisectResult& r);
+
+}  // namespace llmdiff::compare

@@ -1,0 +1,869 @@
+#include "compare/diagnose.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "compare/tolerance.h"
+#include "dumps/errors.h"
+
+namespace llmdiff::compare {
+
+namespace {
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Share of the diverging names a hypothesis run must reproduce (and of all
+// names it must agree on) to count as supported.
+constexpr double kReplaySupport = 0.9;
+// A hypothesis run agrees with the candidate at a name when their RMSE is
+// within this many noise-floor thresholds: two honest implementations differ
+// by about sqrt(2) times one's rounding noise.
+constexpr double kReplayAgreeFactor = 2.0;
+// ... and, at a diverging name, within this fraction of the clean model's
+// RMSE against the candidate (the hypothesis must explain the divergence,
+// not merely sit within the noise of a small one).
+constexpr double kBeatClean = 0.5;
+
+std::string num(double v) {
+  char buf[32];
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  if (std::isnan(v)) return "nan";
+  std::snprintf(buf, sizeof buf, "%.2g", v);
+  return buf;
+}
+
+std::string value_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+std::vector<float> floats(const TensorData& t) {
+  if (!t.is_int) return t.f;
+  return std::vector<float>(t.i.begin(), t.i.end());
+}
+
+// Row `row` of a [rows, cols] tensor.
+std::vector<float> row_of(const TensorData& t, int64_t row) {
+  const int64_t cols = t.shape.empty() ? 0 : t.shape.back();
+  std::vector<float> f = floats(t);
+  if (cols <= 0 || (row + 1) * cols > int64_t(f.size())) return {};
+  return std::vector<float>(f.begin() + row * cols, f.begin() + (row + 1) * cols);
+}
+
+int64_t argmax_of(const std::vector<float>& v) { return v.empty() ? -1 : argmax(v.data(), int64_t(v.size())); }
+
+std::optional<ModelConfig> manifest_config(const TensorSource& a, const TensorSource& b) {
+  for (const TensorSource* s : {&a, &b}) {
+    if (s->manifest().config.empty()) continue;
+    try {
+      return parse_config(s->manifest().config, s->label() + " manifest config");
+    } catch (const Error&) {
+    }
+  }
+  return std::nullopt;
+}
+
+// Tokens per step (from `sc`) and the cache length before each step.
+std::vector<int64_t> past_lengths(const Scenario& sc) {
+  std::vector<int64_t> p;
+  int64_t at = 0;
+  for (const auto& s : sc.steps) {
+    p.push_back(at);
+    at += int64_t(s.size());
+  }
+  return p;
+}
+
+// The threshold at which a hypothesis run agrees with the candidate at
+// `name`: kReplayAgreeFactor x the global noise-floor threshold when the
+// diff was judged by the noise floor, else nullopt (then allclose decides).
+std::optional<double> agree_threshold(const TensorComparison* cmp) {
+  if (!cmp || cmp->judgement.metric != "rmse vs float64" || !std::isfinite(cmp->judgement.threshold)) return std::nullopt;
+  return kReplayAgreeFactor * cmp->judgement.threshold;
+}
+
+struct Agreement {
+  bool agree = false;
+  double rmse = kInf, threshold = 0;
+};
+
+Agreement agreement(const TensorData& hyp, const TensorData& cand, const TensorComparison* cmp, ComputeDType dtype) {
+  Agreement a;
+  if (hyp.shape != cand.shape) return a;
+  if (hyp.is_int && cand.is_int) {
+    a.agree = hyp.i == cand.i;
+    a.rmse = a.agree ? 0.0 : kInf;
+    return a;
+  }
+  std::vector<float> h = floats(hyp), c = floats(cand);
+  int64_t bad = 0;
+  a.rmse = rmse(h.data(), c.data(), int64_t(h.size()), &bad);
+  if (bad) {
+    a.rmse = kInf;
+    return a;
+  }
+  if (auto t = agree_threshold(cmp)) {
+    // A shape mismatch against the reference leaves no noise level there:
+    // borrow the floor of the candidate's own scale.
+    a.threshold = cmp->shape_match ? *t : kReplayAgreeFactor * noise_floor_abs(rms(c.data(), int64_t(c.size())));
+    a.agree = a.rmse <= a.threshold;
+    return a;
+  }
+  Tolerance tol = cmp ? cmp->tolerance : default_tolerance(dtype);
+  AllcloseResult r = allclose(c.data(), h.data(), int64_t(h.size()), tol);
+  a.threshold = tol.atol;
+  a.agree = r.pass();
+  return a;
+}
+
+std::string describe_hypothesis(const Hypothesis& h, const HypothesisRunner* runner) {
+  if (!h.value) return h.bug;
+  std::string what = h.bug == "rope-theta" ? "rope theta" : h.bug == "rmsnorm-eps" ? "rmsnorm eps" : h.bug;
+  std::string s = what + " = " + value_text(*h.value);
+  if (runner)
+    if (auto c = runner->configured(h.bug)) s += ", config says " + value_text(*c);
+  return s;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// BisectResult
+
+std::optional<std::string> BisectResult::first_divergence() const {
+  if (const TensorComparison* t = global.first()) return t->name;
+  return std::nullopt;
+}
+
+std::optional<std::string> BisectResult::first_local_failure() const {
+  if (const LocalSite* s = local.first()) return s->name;
+  return std::nullopt;
+}
+
+std::optional<std::string> BisectResult::localised_at() const {
+  if (auto l = first_local_failure()) return l;
+  return first_divergence();
+}
+
+bool BisectResult::ok() const { return global.failing() == 0 && local.failing() == 0 && !global.tensors.empty(); }
+
+ComputeDType candidate_dtype(const TensorSource& cand, std::string* source) {
+  if (auto d = manifest_dtype(cand.manifest())) {
+    if (source) *source = "manifest";
+    return *d;
+  }
+  if (source) *source = "default (no manifest dtype)";
+  return ComputeDType::Float32;
+}
+
+// ---------------------------------------------------------------------------
+// Fingerprints
+
+std::vector<Fingerprint> fingerprints(const TensorSource& cand, const TensorSource& ref, const DiffResult& global,
+                                      const Scenario& sc) {
+  std::vector<Fingerprint> out;
+  const std::vector<int64_t> past = past_lengths(sc);
+  const int steps = int(sc.steps.size());
+  std::optional<ModelConfig> cfg = manifest_config(ref, cand);
+  auto failing = [&](const std::string& name) {
+    const TensorComparison* t = global.find(name);
+    return t && !t->pass;
+  };
+  auto passing = [&](const std::string& name) {
+    const TensorComparison* t = global.find(name);
+    return t && t->pass;
+  };
+
+  // lm-head: the head's input matches, its output does not.
+  for (int s = 0; s < steps; ++s) {
+    const std::string logits = step_name(s, "logits");
+    if (!failing(logits)) continue;
+    const std::string fn = step_name(s, "final_norm");
+    if (passing(fn)) {
+      const TensorComparison* a = global.find(fn);
+      const TensorComparison* b = global.find(logits);
+      out.push_back({"lm-head",
+                     fn + " matches the reference (rmse " + num(a->metrics.rmse) + ") while " + logits +
+                         " does not (rmse " + num(b->metrics.rmse) + ", max err " + num(b->metrics.max_abs) +
+                         "): the lm_head projection itself is wrong",
+                     true});
+    } else if (cfg && !cand.has(fn)) {
+      const std::string last = layer_name(s, int(cfg->num_hidden_layers) - 1, "out");
+      if (passing(last))
+        out.push_back({"lm-head",
+                       last + " matches the reference while " + logits +
+                           " does not (no final_norm in the candidate: the final norm or the lm_head is wrong)",
+                       false});
+    }
+    break;
+  }
+
+  // last-token-first: next_logits (or the greedy token) read from row 0.
+  for (int s = 0; s < steps; ++s) {
+    const int64_t T = int64_t(sc.steps[size_t(s)].size());
+    if (T < 2 || !ref.has(step_name(s, "logits"))) continue;
+    TensorData rl = ref.get(step_name(s, "logits"));
+    std::vector<float> row0 = row_of(rl, 0), last = row_of(rl, T - 1);
+    const std::string nl = step_name(s, "next_logits");
+    if (cand.has(nl) && failing(nl)) {
+      TensorData c = cand.get(nl);
+      if (c.numel() == int64_t(row0.size())) {
+        const double e0 = rmse(c.f.data(), row0.data(), c.numel());
+        const double el = rmse(c.f.data(), last.data(), c.numel());
+        if (e0 * 100 < el) {
+          out.push_back({"last-token-first",
+                         nl + " is the reference's logits row 0 (rmse " + num(e0) + ") instead of row " +
+                             std::to_string(T - 1) + " (rmse " + num(el) + ")",
+                         true});
+          break;
+        }
+      }
+    }
+    // The greedy token that follows this step (generated or the next step's token).
+    const int64_t a0 = argmax_of(row0), al = argmax_of(last);
+    if (a0 == al) continue;
+    std::optional<int64_t> picked;
+    std::string where;
+    if (cand.has("generated") && s >= sc.first_generating_step) {
+      TensorData g = cand.get("generated");
+      const size_t k = size_t(s - sc.first_generating_step);
+      if (g.is_int && k < g.i.size()) {
+        picked = g.i[k];
+        where = "generated[" + std::to_string(k) + "]";
+      }
+    } else if (s + 1 < steps && sc.steps[size_t(s + 1)].size() == 1 && cand.manifest().scenario == "decode") {
+      picked = sc.steps[size_t(s + 1)][0];
+      where = step_name(s + 1, "tokens");
+    }
+    if (picked && *picked == a0) {
+      out.push_back({"last-token-first",
+                     where + " = " + std::to_string(*picked) + " is the argmax of the reference's step" +
+                         std::to_string(s) + " logits row 0, not of its last row " + std::to_string(T - 1) + " (" +
+                         std::to_string(al) + ")",
+                     true});
+      break;
+    }
+  }
+
+  // rope-position-reset: positions restart at 0 after a cached prefix.
+  for (int s = 1; s < steps; ++s) {
+    const std::string name = step_name(s, "positions");
+    if (!cand.has(name) || past[size_t(s)] == 0) continue;
+    TensorData p = cand.get(name);
+    if (p.is_int && !p.i.empty() && p.i[0] == 0) {
+      out.push_back({"rope-position-reset",
+                     name + " starts at 0 although " + std::to_string(past[size_t(s)]) +
+                         " tokens are cached before this call",
+                     true});
+      break;
+    }
+  }
+
+  // Masks: square (no past) or none at all.
+  for (int s = 0; s < steps; ++s) {
+    const std::string name = step_name(s, "mask");
+    if (!cand.has(name)) continue;
+    TensorData m = cand.get(name);
+    const int64_t T = int64_t(sc.steps[size_t(s)].size()), P = past[size_t(s)];
+    if (m.shape.size() != 2 || m.shape[0] != T) continue;
+    const int64_t S = m.shape[1];
+    std::vector<float> f = floats(m);
+    bool all_ones = std::all_of(f.begin(), f.end(), [](float x) { return x == 1.0f; });
+    if (T > 1 && all_ones && S >= T) {
+      out.push_back({"mask-missing", name + " allows every key for every query (T = " + std::to_string(T) +
+                                         "): no causal mask", true});
+      break;
+    }
+    if (P > 0) {
+      bool square = true;  // key s allowed iff s <= t, whatever the past
+      for (int64_t t = 0; t < T && square; ++t)
+        for (int64_t k = 0; k < S; ++k)
+          if ((f[size_t(t * S + k)] == 1.0f) != (k <= t)) {
+            square = false;
+            break;
+          }
+      if (square) {
+        out.push_back({"mask-square", name + " allows key s iff s <= t as if nothing were cached (" +
+                                          std::to_string(P) + " cached tokens)", true});
+        break;
+      }
+    }
+  }
+
+  // kv-overwrite: the cache holds only this call's keys.
+  for (int s = 1; s < steps; ++s) {
+    const int64_t T = int64_t(sc.steps[size_t(s)].size()), P = past[size_t(s)];
+    if (P == 0) continue;
+    bool found = false;
+    for (const auto& n : cand.names()) {
+      CanonName c = parse_name(n);
+      if (c.kind != CanonName::Kind::Layer || c.step != s || c.site != "attn.k_cache") continue;
+      Shape sh = cand.shape(n);
+      if (sh.size() == 3 && sh[1] == T) {
+        out.push_back({"kv-overwrite", n + " holds " + std::to_string(T) + " positions where " +
+                                           std::to_string(P + T) + " are expected: the cache was overwritten",
+                       true});
+        found = true;
+      }
+      break;
+    }
+    if (found) break;
+  }
+
+  // repeat-kv-tile: k_rep[h] == k_cache[h mod Hkv].
+  if (cfg && cfg->num_key_value_heads > 1 && cfg->num_attention_heads > cfg->num_key_value_heads) {
+    const int64_t hq = cfg->num_attention_heads, hkv = cfg->num_key_value_heads, n_rep = hq / hkv;
+    for (const auto& n : cand.names()) {
+      CanonName c = parse_name(n);
+      if (c.kind != CanonName::Kind::Layer || c.site != "attn.k_rep" || !failing(n)) continue;
+      const std::string cache = layer_name(c.step, c.layer, "attn.k_cache");
+      if (!cand.has(cache)) break;
+      TensorData rep = cand.get(n), kc = cand.get(cache);
+      if (rep.shape.size() != 3 || kc.shape.size() != 3 || rep.shape[0] != hq || kc.shape[0] != hkv ||
+          rep.shape[1] != kc.shape[1])
+        break;
+      const int64_t block = rep.shape[1] * rep.shape[2];
+      auto head_eq = [&](int64_t h, int64_t g) {
+        return std::equal(rep.f.begin() + h * block, rep.f.begin() + (h + 1) * block, kc.f.begin() + g * block);
+      };
+      bool tile = true, grouped = true;
+      for (int64_t h = 0; h < hq; ++h) {
+        tile = tile && head_eq(h, h % hkv);
+        grouped = grouped && head_eq(h, h / n_rep);
+      }
+      if (tile && !grouped)
+        out.push_back({"repeat-kv-tile", n + ": query head h holds kv head h mod " + std::to_string(hkv) +
+                                             " instead of h / " + std::to_string(n_rep), true});
+      break;
+    }
+  }
+
+  // gate-up-swap: act == silu(up) * gate from the candidate's own values.
+  for (const auto& n : cand.names()) {
+    CanonName c = parse_name(n);
+    if (c.kind != CanonName::Kind::Layer || c.site != "mlp.act" || !failing(n)) continue;
+    const std::string g = layer_name(c.step, c.layer, "mlp.gate"), u = layer_name(c.step, c.layer, "mlp.up");
+    if (!cand.has(g) || !cand.has(u)) break;
+    TensorData act = cand.get(n), gate = cand.get(g), up = cand.get(u);
+    if (act.shape != gate.shape || act.shape != up.shape) break;
+    std::vector<float> right(act.f.size()), swapped(act.f.size());
+    for (size_t i = 0; i < act.f.size(); ++i) {
+      const double x = gate.f[i], y = up.f[i];
+      right[i] = float(x / (1.0 + std::exp(-x)) * y);
+      swapped[i] = float(y / (1.0 + std::exp(-y)) * x);
+    }
+    const double er = rmse(act.f.data(), right.data(), act.numel());
+    const double es = rmse(act.f.data(), swapped.data(), act.numel());
+    if (es * 100 < er)
+      out.push_back({"gate-up-swap", n + " equals silu(up) * gate of the candidate's own gate/up (rmse " + num(es) +
+                                         ") rather than silu(gate) * up (rmse " + num(er) + ")", true});
+    break;
+  }
+
+  // softmax-scale: scores a constant multiple of the reference's.
+  for (const auto& n : cand.names()) {
+    CanonName c = parse_name(n);
+    if (c.kind != CanonName::Kind::Layer || c.site != "attn.scores" || !failing(n)) continue;
+    if (!passing(layer_name(c.step, c.layer, "attn.q_rope"))) break;
+    TensorData a = cand.get(n), b = ref.get(n);
+    if (a.shape != b.shape) break;
+    double num_ = 0, den = 0;
+    for (size_t i = 0; i < a.f.size(); ++i) {
+      num_ += double(a.f[i]) * b.f[i];
+      den += double(b.f[i]) * b.f[i];
+    }
+    if (den <= 0) break;
+    const double k = num_ / den;
+    std::vector<float> scaled(b.f.size());
+    for (size_t i = 0; i < b.f.size(); ++i) scaled[i] = float(k * b.f[i]);
+    const double e = rmse(a.f.data(), scaled.data(), a.numel()), e1 = rmse(a.f.data(), b.f.data(), a.numel());
+    if (e * 100 < e1) {
+      std::string what = "the scores are the reference's times " + value_text(k);
+      if (cfg && cfg->head_dim > 0 && std::fabs(k * std::sqrt(double(cfg->head_dim)) - 1.0) < 1e-3)
+        what += " = 1/sqrt(head_dim): scaled by 1/head_dim instead of 1/sqrt(head_dim)";
+      out.push_back({"softmax-scale", n + ": " + what + " (rmse after rescaling " + num(e) + ")", true});
+    }
+    break;
+  }
+
+  // RoPE frequencies: another theta, or the scaling ignored.
+  if (cfg && cand.has("rope.inv_freq") && failing("rope.inv_freq")) {
+    TensorData inv = cand.get("rope.inv_freq");
+    const int64_t half = inv.numel(), dim = 2 * half;
+    auto default_inv = [&](double theta) {
+      std::vector<float> v(static_cast<size_t>(half));
+      for (int64_t j = 0; j < half; ++j) v[static_cast<size_t>(j)] = float(1.0 / std::pow(theta, double(2 * j) / double(dim)));
+      return v;
+    };
+    auto rel_err = [&](const std::vector<float>& v) {
+      double m = 0;
+      for (int64_t j = 0; j < half; ++j)
+        m = std::max(m, std::fabs(double(inv.f[size_t(j)]) - v[size_t(j)]) / std::max(1e-30, double(std::fabs(v[size_t(j)]))));
+      return m;
+    };
+    if (cfg->rope_scaling.type != RopeScaling::Type::Default && rel_err(default_inv(cfg->rope_theta)) < 1e-5) {
+      out.push_back({"rope-scaling-ignored", std::string("rope.inv_freq equals the unscaled frequencies of theta ") +
+                                                 value_text(cfg->rope_theta) + " (config rope_scaling " +
+                                                 rope_type_name(cfg->rope_scaling.type) + " ignored)", true});
+    } else if (half >= 2) {
+      // log inv[j] = -(2j/dim) log theta: least squares over j >= 1.
+      double sxy = 0, sxx = 0;
+      for (int64_t j = 1; j < half; ++j) {
+        const float v = inv.f[size_t(j)];
+        if (!(v > 0)) continue;
+        const double x = double(2 * j) / double(dim);
+        sxy += x * -std::log(double(v));
+        sxx += x * x;
+      }
+      if (sxx > 0) {
+        // The fitted theta, as round as reproduces the frequencies.
+        const double fit = std::exp(sxy / sxx);
+        double theta = fit, e = rel_err(default_inv(fit));
+        for (int digits = 2; digits <= 8; ++digits) {
+          char buf[32];
+          std::snprintf(buf, sizeof buf, "%.*g", digits, fit);
+          const double t = std::strtod(buf, nullptr), et = rel_err(default_inv(t));
+          if (et < 2e-6) {
+            theta = t, e = et;
+            break;
+          }
+        }
+        if (e < 1e-4 && cfg->rope_scaling.type == RopeScaling::Type::Default)
+          out.push_back({"rope-theta", "rope.inv_freq fits theta = " + value_text(theta) + " (config says " +
+                                           value_text(cfg->rope_theta) + "; max rel err " + num(e) + ")", true, theta});
+      }
+    }
+  }
+
+  // missing-bias (or any wrong bias): q/k/v off by the same vector in every row.
+  for (const auto& n : cand.names()) {
+    CanonName c = parse_name(n);
+    if (c.kind != CanonName::Kind::Layer || (c.site != "attn.q" && c.site != "attn.k" && c.site != "attn.v") ||
+        !failing(n))
+      continue;
+    if (!passing(layer_name(c.step, c.layer, "attn_norm"))) break;
+    TensorData a = cand.get(n), b = ref.get(n);
+    if (a.shape != b.shape || a.shape.size() != 2 || a.shape[0] < 2) break;
+    const int64_t rows = a.shape[0], cols = a.shape[1];
+    double spread = 0, total = 0;
+    for (int64_t j = 0; j < cols; ++j) {
+      const double d0 = double(a.f[size_t(j)]) - b.f[size_t(j)];
+      total = std::max(total, std::fabs(d0));
+      for (int64_t t = 1; t < rows; ++t)
+        spread = std::max(spread, std::fabs(double(a.f[size_t(t * cols + j)]) - b.f[size_t(t * cols + j)] - d0));
+    }
+    if (total > 0 && spread * 100 < total)
+      out.push_back({"missing-bias", n + " differs from the reference by the same vector in every row (max " +
+                                         num(total) + ", row-to-row spread " + num(spread) + "): a bias is missing or wrong",
+                     false});
+    break;
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Diagnosis
+
+namespace {
+
+// Ranking: supported by both kinds of evidence, then by one; then the share
+// of diverging names reproduced; then the smaller error.
+double score_of(const HypothesisEvidence& e) {
+  double s = 0;
+  if (e.supported_by_replay) s += 4;
+  if (e.supported_by_local) s += 4;
+  if (e.failing_compared > 0) s += 2.0 * double(e.failing_agree) / double(e.failing_compared);
+  if (e.replay_focus_agree) s += 1;
+  if (e.local_tested && e.local_focus_pass) s += 1;
+  if (e.local_tested) s -= 0.5 * double(e.local_new);
+  if (e.replayed && std::isfinite(e.replay_log_error)) s -= 0.01 * std::clamp(e.replay_log_error, -10.0, 10.0);
+  return s;
+}
+
+std::string replay_summary(const HypothesisEvidence& e, const std::string& focus) {
+  std::string s = "replay with " + e.hypothesis.str() + " reproduces the candidate at " +
+                  std::to_string(e.replay_agree) + "/" + std::to_string(e.replay_compared) + " names (" +
+                  std::to_string(e.failing_agree) + "/" + std::to_string(e.failing_compared) + " of the diverging ones)";
+  if (!focus.empty())
+    s += "; " + focus + ": rmse " + num(e.replay_focus_rmse) + (e.replay_focus_agree ? " <= " : " > ") +
+         num(e.replay_focus_threshold);
+  if (!e.replay_first_disagreement.empty()) s += "; first disagreement " + e.replay_first_disagreement;
+  return s;
+}
+
+std::string local_summary(const HypothesisEvidence& e, const std::string& focus, const LocalSite* clean) {
+  std::string s = focus + " recomputed from the candidate's own inputs with " + e.hypothesis.str() + ": max err " +
+                  num(e.local_focus_max_abs);
+  if (clean) s += " (reference op: max err " + num(clean->max_abs) + ")";
+  s += "; local failures " + std::to_string(e.local_failures) + " (fixed " + std::to_string(e.local_fixed) +
+       ", new " + std::to_string(e.local_new) + ")";
+  return s;
+}
+
+// What the evidence gathering shares.
+struct Context {
+  explicit Context(const DiagnoseInputs& i) : in(i) {}
+  const DiagnoseInputs& in;
+  const LocalReport* local = nullptr;  // the clean local report (null when not computed)
+  std::string global_focus, local_focus;
+  std::vector<std::string> cand_names;
+  std::map<std::string, double> clean_rmse;  // the clean model's run vs the candidate, per name
+};
+
+// Replays the scenario with `e.hypothesis` and compares every name.
+void replay_evidence(const Context& cx, HypothesisEvidence& e) {
+  const DiagnoseInputs& in = cx.in;
+  std::unique_ptr<MemoryDump> run;
+  try {
+    run = in.runner->run(e.hypothesis, in.scenario, cx.cand_names);
+  } catch (const Error& err) {
+    e.summary = "replay with " + e.hypothesis.str() + " failed: " + err.what();
+    return;
+  }
+  e.replayed = true;
+  double log_sum = 0;
+  int log_n = 0;
+  for (const auto& name : cx.cand_names) {
+    if (!in.sites.empty() && !any_site_glob_match(in.sites, name)) continue;
+    if (!run->has(name)) continue;
+    const TensorComparison* cmp = in.global->find(name);
+    if (!cmp) continue;
+    Agreement ag = agreement(run->get(name), in.cand->get(name), cmp, in.dtype);
+    // Where the candidate diverges, the hypothesis must also reproduce it
+    // clearly better than the clean model does.
+    if (!cmp->pass && ag.agree) {
+      auto c = cx.clean_rmse.find(name);
+      if (c != cx.clean_rmse.end() && std::isfinite(c->second) && !(ag.rmse <= kBeatClean * c->second))
+        ag.agree = false;
+    }
+    ++e.replay_compared;
+    if (ag.agree)
+      ++e.replay_agree;
+    else if (e.replay_first_disagreement.empty())
+      e.replay_first_disagreement = name;
+    if (!cmp->pass) {
+      ++e.failing_compared;
+      if (ag.agree) ++e.failing_agree;
+      log_sum += ag.threshold > 0 ? std::log10(std::max(ag.rmse, 1e-30) / ag.threshold) : (ag.agree ? -10.0 : 10.0);
+      ++log_n;
+    }
+    if (name == cx.global_focus) {
+      e.replay_focus_agree = ag.agree;
+      e.replay_focus_rmse = ag.rmse;
+      e.replay_focus_threshold = ag.threshold;
+    }
+  }
+  e.replay_log_error = log_n ? log_sum / log_n : 0.0;
+  e.supported_by_replay = e.failing_compared > 0 && e.replay_focus_agree &&
+                          e.failing_agree >= kReplaySupport * e.failing_compared &&
+                          e.replay_agree >= kReplaySupport * e.replay_compared;
+}
+
+// Recomputes the candidate's sites with the hypothesis' ops.
+void local_evidence(const Context& cx, HypothesisEvidence& e) {
+  const DiagnoseInputs& in = cx.in;
+  if (!cx.local || !in.oracle || cx.local->failing() == 0 || !in.oracle->supports(e.hypothesis)) return;
+  LocalReport lh = analyse_local(*in.oracle, *in.cand, in.ref, in.dtype, in.sites, &e.hypothesis, in.ref_local);
+  e.local_tested = true;
+  e.local_failures = lh.failing();
+  e.local_fixed = e.local_new = 0;
+  for (const auto& s : cx.local->sites) {
+    const LocalSite* t = lh.find(s.name);
+    const bool now = t ? t->pass : s.pass;
+    if (!s.pass && now) ++e.local_fixed;
+    if (s.pass && !now) ++e.local_new;
+  }
+  if (const LocalSite* t = lh.find(cx.local_focus)) {
+    e.local_focus_pass = t->pass;
+    e.local_focus_max_abs = t->max_abs;
+    e.local_focus_rmse = t->noise.cand_rmse;
+  }
+  e.supported_by_local = e.local_focus_pass && e.local_new == 0 && e.local_failures == 0;
+}
+
+// The hypothesis run's RMSE against the candidate at the first divergent
+// name (inf when it cannot run or the shapes differ): the objective of the
+// parameter search.
+double focus_error(const Context& cx, const Hypothesis& h) {
+  std::unique_ptr<MemoryDump> run;
+  try {
+    run = cx.in.runner->run(h, cx.in.scenario, {cx.global_focus});
+  } catch (const Error&) {
+    return kInf;
+  }
+  if (!run->has(cx.global_focus)) return kInf;
+  TensorData a = run->get(cx.global_focus), b = cx.in.cand->get(cx.global_focus);
+  if (a.shape != b.shape) return kInf;
+  std::vector<float> x = floats(a), y = floats(b);
+  int64_t bad = 0;
+  const double e = rmse(x.data(), y.data(), int64_t(x.size()), &bad);
+  return bad ? kInf : e;
+}
+
+double round_sig(double v, int digits) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+  return std::strtod(buf, nullptr);
+}
+
+// A parameterised bug whose grid holds no exact value: the value between
+// the best grid point's neighbours (log scale) that best reproduces the
+// first divergent name, by a scan and a golden-section search.
+std::optional<Hypothesis> refine_parameter(const Context& cx, const std::string& bug,
+                                           const std::vector<HypothesisEvidence>& tested) {
+  std::vector<std::pair<double, double>> grid;  // value, focus rmse
+  for (const auto& e : tested)
+    if (e.hypothesis.bug == bug && e.hypothesis.value && *e.hypothesis.value > 0 && e.replayed)
+      grid.emplace_back(*e.hypothesis.value, e.replay_focus_rmse);
+  if (grid.empty()) return std::nullopt;
+  std::sort(grid.begin(), grid.end());
+  size_t best = 0;
+  for (size_t k = 1; k < grid.size(); ++k)
+    if (grid[k].second < grid[best].second) best = k;
+  if (!std::isfinite(grid[best].second)) return std::nullopt;
+  // The grid's whole range, on a log scale: the error is not unimodal over
+  // it (the config's own value, left out of the grid, sits in between).
+  const double lo = std::log(grid.front().first), hi = std::log(grid.back().first);
+  auto f = [&](double x) { return focus_error(cx, Hypothesis{bug, std::exp(x)}); };
+  // Coarse scan (~6 points per decade), then golden-section search around the best point.
+  const int kScan = std::clamp(int((hi - lo) / std::log(10.0) * 6), 8, 72);
+  double best_x = std::log(grid[best].first), best_f = grid[best].second;
+  for (int k = 0; k <= kScan; ++k) {
+    const double x = lo + (hi - lo) * k / kScan, fx = f(x);
+    if (fx < best_f) best_f = fx, best_x = x;
+  }
+  const double step = (hi - lo) / kScan;
+  double a = best_x - step, b = best_x + step;
+  const double g = (std::sqrt(5.0) - 1) / 2;
+  double c = b - g * (b - a), d = a + g * (b - a), fc = f(c), fd = f(d);
+  for (int it = 0; it < 30; ++it) {
+    if (fc < fd) {
+      b = d, d = c, fd = fc, c = b - g * (b - a), fc = f(c);
+    } else {
+      a = c, c = d, fc = fd, d = a + g * (b - a), fd = f(d);
+    }
+  }
+  double v = std::exp(fc < fd ? c : d);
+  // Prefer a round value when it fits as well.
+  double chosen = v, chosen_f = kInf;
+  for (int digits : {2, 3, 4, 6}) {
+    const double r = round_sig(v, digits), fr = focus_error(cx, Hypothesis{bug, r});
+    if (fr < chosen_f * 0.999) chosen = r, chosen_f = fr;
+  }
+  for (const auto& gp : grid)
+    if (gp.first == chosen) return std::nullopt;  // nothing new
+  return Hypothesis{bug, chosen};
+}
+
+}  // namespace
+
+Diagnosis diagnose(const DiagnoseInputs& in) {
+  Diagnosis d;
+  const TensorSource& cand = *in.cand;
+  Context cx(in);
+  cx.local = in.local && in.local->ran ? in.local : nullptr;
+  cx.global_focus = in.global->first() ? in.global->first()->name : "";
+  cx.local_focus = cx.local && cx.local->first() ? cx.local->first()->name : "";
+  d.focus = !cx.local_focus.empty() ? cx.local_focus : cx.global_focus;
+  d.needed = !d.focus.empty();
+  if (!d.needed) {
+    d.evidence = "no divergence: nothing to diagnose";
+    return d;
+  }
+  if (in.ref) d.fingerprints = fingerprints(cand, *in.ref, *in.global, in.scenario);
+  if (in.runner) d.inapplicable = in.runner->inapplicable();
+  cx.cand_names = cand.names();
+
+  // The hypotheses: the runner's (grids included) and values fitted by fingerprints.
+  std::vector<Hypothesis> hyps = in.runner ? in.runner->hypotheses() : std::vector<Hypothesis>{};
+  std::set<std::string> known_bugs;
+  for (const auto& h : hyps) known_bugs.insert(h.bug);
+  for (const auto& f : d.fingerprints)
+    if (f.value && known_bugs.count(f.bug)) {
+      Hypothesis h{f.bug, f.value};
+      if (std::find(hyps.begin(), hyps.end(), h) == hyps.end()) hyps.push_back(h);
+    }
+
+  // The clean model's run: the baseline every hypothesis must beat.
+  if (in.runner) {
+    try {
+      std::unique_ptr<MemoryDump> clean = in.runner->run(Hypothesis{}, in.scenario, cx.cand_names);
+      for (const auto& name : cx.cand_names) {
+        if (!clean->has(name)) continue;
+        TensorData a = clean->get(name), b = cand.get(name);
+        double e = kInf;
+        if (a.shape == b.shape) {
+          std::vector<float> x = floats(a), y = floats(b);
+          int64_t bad = 0;
+          e = rmse(x.data(), y.data(), int64_t(x.size()), &bad);
+          if (bad) e = kInf;
+        }
+        cx.clean_rmse[name] = e;
+      }
+    } catch (const Error&) {
+    }
+  }
+  // Replay evidence for every hypothesis.
+  for (const Hypothesis& h : hyps) {
+    HypothesisEvidence e;
+    e.hypothesis = h;
+    replay_evidence(cx, e);
+    d.ranked.push_back(std::move(e));
+  }
+  auto any_replay_support = [&] {
+    return std::any_of(d.ranked.begin(), d.ranked.end(), [](const HypothesisEvidence& e) { return e.supported_by_replay; });
+  };
+  // Parameterised bugs off the grid: search the value.
+  if (in.runner && !any_replay_support() && !cx.global_focus.empty()) {
+    std::set<std::string> param_bugs;
+    for (const auto& h : hyps)
+      if (h.value) param_bugs.insert(h.bug);
+    for (const auto& bug : param_bugs)
+      if (auto h = refine_parameter(cx, bug, d.ranked)) {
+        HypothesisEvidence e;
+        e.hypothesis = *h;
+        replay_evidence(cx, e);
+        d.ranked.push_back(std::move(e));
+      }
+  }
+  // Local evidence: for the hypotheses the replay points at, or for all of
+  // them when no replay reproduces the candidate (another implementation's
+  // numerics, a dump without the diverging names).
+  const bool all_local = !any_replay_support();
+  for (auto& e : d.ranked)
+    if (all_local || e.replay_focus_agree || e.supported_by_replay) local_evidence(cx, e);
+
+  for (auto& e : d.ranked) {
+    e.score = score_of(e);
+    std::string s;
+    if (e.replayed) s = replay_summary(e, cx.global_focus);
+    if (e.local_tested)
+      s += (s.empty() ? "" : "; ") + local_summary(e, cx.local_focus, cx.local ? cx.local->find(cx.local_focus) : nullptr);
+    if (!s.empty()) e.summary = s;
+  }
+  std::stable_sort(d.ranked.begin(), d.ranked.end(),
+                   [](const HypothesisEvidence& a, const HypothesisEvidence& b) { return a.score > b.score; });
+
+  auto fingerprint_text = [&](const std::string& bug) {
+    std::string s;
+    for (const auto& f : d.fingerprints)
+      if (f.bug == bug) s += (s.empty() ? "" : "; ") + f.evidence;
+    return s;
+  };
+
+  if (!d.ranked.empty() && d.ranked.front().supported()) {
+    const HypothesisEvidence& best = d.ranked.front();
+    d.bug = best.hypothesis;
+    if (in.runner) d.description = in.runner->description(best.hypothesis.bug);
+    d.basis = best.supported_by_replay && best.supported_by_local ? "replay + local recompute"
+              : best.supported_by_replay                            ? "replay"
+                                                                    : "local recompute";
+    std::string ev;
+    if (best.hypothesis.value) ev = describe_hypothesis(best.hypothesis, in.runner) + ": ";
+    if (best.supported_by_local)
+      ev += local_summary(best, cx.local_focus, cx.local ? cx.local->find(cx.local_focus) : nullptr);
+    if (best.supported_by_replay) ev += (best.supported_by_local ? "; " : "") + replay_summary(best, cx.global_focus);
+    const std::string fp = fingerprint_text(best.hypothesis.bug);
+    if (!fp.empty()) ev += "; fingerprint: " + fp;
+    d.evidence = ev;
+    for (size_t k = 1; k < d.ranked.size(); ++k) {
+      const HypothesisEvidence& o = d.ranked[k];
+      if (o.supported() && o.hypothesis.bug != best.hypothesis.bug && o.score >= best.score - 1e-9)
+        d.ambiguous.push_back(o.hypothesis.str());
+    }
+    if (!d.ambiguous.empty()) {
+      std::string list;
+      for (const auto& a : d.ambiguous) list += (list.empty() ? "" : ", ") + a;
+      d.evidence += "; the evidence fits " + list + " equally well";
+    }
+    return d;
+  }
+
+  // Nothing reproduces the candidate: a decisive fingerprint may still name the bug.
+  std::string numbers;
+  for (size_t k = 0; k < d.ranked.size() && k < 3; ++k)
+    numbers += (numbers.empty() ? "" : " | ") + d.ranked[k].summary;
+  for (const auto& f : d.fingerprints) {
+    if (!f.decisive) continue;
+    d.bug = Hypothesis{f.bug, f.value};
+    if (in.runner) d.description = in.runner->description(f.bug);
+    d.basis = "fingerprint";
+    d.evidence = f.evidence;
+    if (!numbers.empty()) d.evidence += "; no replay or recompute reproduces the candidate (closest: " + numbers + ")";
+    return d;
+  }
+  d.evidence = "no hypothesis of the bug zoo fits the evidence at " + d.focus;
+  if (!numbers.empty()) d.evidence += "; closest: " + numbers;
+  std::string weak;
+  for (const auto& f : d.fingerprints) weak += (weak.empty() ? "" : "; ") + f.evidence;
+  if (!weak.empty()) d.evidence += "; hints: " + weak;
+  if (hyps.empty()) d.evidence += " (no hypotheses were tested: no model to replay)";
+  return d;
+}
+
+// ---------------------------------------------------------------------------
+// The pipeline
+
+BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, const LocalOracle* oracle,
+                    const HypothesisRunner* hypotheses, const BisectOptions& opt) {
+  BisectResult r;
+  r.candidate_label = cand.label();
+  r.model = cand.manifest().model;
+  r.scenario = replay_scenario(cand);
+  r.dtype = candidate_dtype(cand, &r.dtype_source);
+  r.reference = reference.describe();
+  // The reference records what the candidate holds, plus the logits the
+  // fingerprints read.
+  std::vector<std::string> wanted = cand.names();
+  wanted.push_back("step*.logits");
+  wanted.push_back("step*.next_logits");
+  std::shared_ptr<MemoryDump> ref = reference.run(r.scenario, r.dtype, wanted);
+  CompareOptions co = opt.compare;
+  co.dtype = r.dtype;
+  if (opt.noise_floor) {
+    std::shared_ptr<MemoryDump> truth = reference.run(r.scenario, ComputeDType::Float64, wanted);
+    co.criterion = std::make_shared<NoiseFloorCriterion>(truth, r.dtype);
+    r.noise_floor = true;
+  }
+  r.global = compare_dumps(*ref, cand, co);
+
+  std::unique_ptr<Recomputed> ref_local;
+  if (opt.local && oracle) {
+    ref_local = recompute_reference(*oracle, cand, *ref);
+    r.local = analyse_local(*oracle, cand, ref.get(), r.dtype, co.sites, nullptr, ref_local.get());
+    // Step tokens are the run's inputs: nothing to recompute them from.
+    std::vector<std::string> missing;
+    for (const auto& n : r.local.not_recomputed)
+      if (parse_name(n).site != "tokens") missing.push_back(n);
+    if (!missing.empty())
+      r.notes.push_back(std::to_string(missing.size()) +
+                        " candidate names have no local recompute (their inputs are not in the dump and cannot be "
+                        "derived), e.g. " + missing.front());
+  }
+  if (opt.diagnose) {
+    DiagnoseInputs in;
+    in.cand = &cand;
+    in.ref = ref.get();
+    in.global = &r.global;
+    in.local = &r.local;
+    in.oracle = opt.local ? oracle : nullptr;
+    in.ref_local = ref_local.get();
+    in.runner = hypotheses;
+    in.scenario = r.scenario;
+    in.dtype = r.dtype;
+    in.sites = co.sites;
+    r.diagnosis = diagnose(in);
+  } else {
+    r.diagnosis.needed = !r.ok();
+    r.diagnosis.focus = r.localised_at().value_or("");
+    r.diagnosis.evidence = "diagnosis not requested";
+  }
+  return r;
+}
+
+}  // namespace llmdiff::compare

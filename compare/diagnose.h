@@ -1,0 +1,169 @@
+// Bisection and diagnosis of a candidate dump against the reference model:
+// where it first diverges (globally, judged by the noise floor), which op is
+// wrong by itself (local errors, teacher forcing), and which bug of the zoo
+// the evidence supports.
+//
+// compare/ reaches the reference and the bug zoo only through the abstract
+// runners declared here; cli/oracle.cpp implements them with the libtorch
+// ref (ref/) and the plain C++ impl (impl/).
+//
+// Evidence for a hypothesis H comes from three places:
+//  - replay: the whole scenario re-run with H switched on; H is supported
+//    when that run reproduces the candidate (within the noise) at the first
+//    divergent site and at nearly every site, where the reference does not;
+//  - local recompute: the candidate's own inputs pushed through the
+//    reference ops modified as H says (e.g. RoPE with adjacent pairs); H is
+//    supported when it removes every local failure and adds none;
+//  - fingerprints: cheap tests of the divergence pattern (logits wrong while
+//    final_norm matches, positions that restart at 0, ...), reported as
+//    corroboration, or alone when no run reproduces the candidate.
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "compare/compare.h"
+#include "compare/local_error.h"
+#include "compare/noise_floor.h"
+#include "dumps/engine.h"
+
+namespace llmdiff::compare {
+
+// Runs the reference model over a scenario at a compute dtype.
+class ReferenceRunner {
+ public:
+  virtual ~ReferenceRunner() = default;
+  // Records the names matching `wanted` (globs; empty = every name).
+  virtual std::unique_ptr<MemoryDump> run(const Scenario& sc, ComputeDType dtype,
+                                          const std::vector<std::string>& wanted = {}) const = 0;
+  virtual std::string describe() const = 0;  // producer text for reports
+};
+
+// Runs the model with one bug hypothesis switched on.
+class HypothesisRunner {
+ public:
+  virtual ~HypothesisRunner() = default;
+  // Every hypothesis worth testing on this model: each zoo bug that applies
+  // to it, parameterised bugs once per value of their grid.
+  virtual std::vector<Hypothesis> hypotheses() const = 0;
+  // Bugs of the zoo that do not apply to this model, with the reason.
+  virtual std::vector<std::pair<std::string, std::string>> inapplicable() const = 0;
+  // The scenario with `h` switched on (an empty h.bug: the clean model);
+  // records only `wanted` (full names).
+  virtual std::unique_ptr<MemoryDump> run(const Hypothesis& h, const Scenario& sc,
+                                          const std::vector<std::string>& wanted) const = 0;
+  // The model's own value of the parameter `bug` changes ("rope-theta" ->
+  // config rope_theta, "rmsnorm-eps" -> rms_norm_eps); nullopt otherwise.
+  virtual std::optional<double> configured(const std::string& bug) const = 0;
+  // One line saying what the bug does (empty if unknown).
+  virtual std::string description(const std::string& bug) const { return ""; }
+};
+
+// The evidence gathered for one hypothesis.
+struct HypothesisEvidence {
+  Hypothesis hypothesis;
+  // Replay: the hypothesis run against the candidate at every name both hold.
+  bool replayed = false;
+  int replay_compared = 0, replay_agree = 0;  // all names
+  int failing_compared = 0, failing_agree = 0;  // names where the candidate diverges from the reference
+  bool replay_focus_agree = false;            // at the first divergent site
+  double replay_focus_rmse = 0;               // hypothesis run vs candidate there
+  double replay_focus_threshold = 0;
+  std::string replay_first_disagreement;      // first name (canonical order) where the run differs
+  double replay_log_error = 0;                // mean log10(rmse/threshold) over failing names (ranking)
+  // Local recompute under the hypothesis.
+  bool local_tested = false;
+  size_t local_failures = 0;                  // local failures under the hypothesis
+  size_t local_fixed = 0, local_new = 0;      // clean failures now passing / clean passes now failing
+  bool local_focus_pass = false;              // the first local failure passes under the hypothesis
+  double local_focus_max_abs = 0, local_focus_rmse = 0;
+  bool supported_by_replay = false, supported_by_local = false;
+  bool supported() const { return supported_by_replay || supported_by_local; }
+  double score = 0;                           // larger is better (ranking only)
+  std::string summary;                        // one line with the numbers
+};
+
+struct Fingerprint {
+  Fingerprint(std::string b, std::string e, bool d, std::optional<double> v = std::nullopt)
+      : bug(std::move(b)), evidence(std::move(e)), decisive(d), value(v) {}
+  std::string bug;       // zoo name
+  std::string evidence;  // one line with the numbers
+  bool decisive = false; // exact structural evidence (enough to name the bug alone)
+  std::optional<double> value;  // a parameter the fingerprint fitted (rope-theta from rope.inv_freq)
+};
+
+struct Diagnosis {
+  bool needed = false;                      // something diverged
+  std::string focus;                        // the site diagnosed (first local failure, else first divergence)
+  std::optional<Hypothesis> bug;            // the bug the evidence supports; nullopt when nothing fits
+  std::string description;                  // what that bug does (the zoo's one line)
+  std::string evidence;                     // the evidence for it, or why nothing fits (with the numbers)
+  std::string basis;                        // "replay", "local recompute", "replay + local recompute", "fingerprint"
+  std::vector<HypothesisEvidence> ranked;   // every hypothesis tested, best first
+  std::vector<Fingerprint> fingerprints;    // those that fired
+  std::vector<std::pair<std::string, std::string>> inapplicable;  // bug, reason
+  std::vector<std::string> ambiguous;       // other hypotheses the evidence supports equally well
+};
+
+struct BisectOptions {
+  CompareOptions compare;        // tolerances, --sites; its criterion is set by bisect()
+  bool noise_floor = true;       // judge by the noise floor (else allclose)
+  bool local = true;             // local errors (teacher forcing)
+  bool diagnose = true;          // test the bug hypotheses
+};
+
+// Everything a bisection found (rendered by compare/bisect_report.h).
+struct BisectResult {
+  std::string candidate_label, model;
+  Scenario scenario;                          // the candidate's forward calls, as replayed
+  ComputeDType dtype = ComputeDType::Float32; // the candidate's compute dtype
+  std::string dtype_source;                   // "manifest", "default (no manifest dtype)"
+  std::string reference;                      // the reference runner's description
+  bool noise_floor = false;
+  DiffResult global;                          // candidate vs reference at dtype
+  LocalReport local;                          // candidate's local errors
+  Diagnosis diagnosis;
+  std::vector<std::string> notes;
+  // The first divergent name (global), the first local failure.
+  std::optional<std::string> first_divergence() const;
+  std::optional<std::string> first_local_failure() const;
+  // Where the error originates: the first local failure, else the first divergence.
+  std::optional<std::string> localised_at() const;
+  bool ok() const;  // no divergence and no local failure
+  int exit_code() const { return ok() ? 0 : 1; }
+};
+
+// The candidate's compute dtype: its manifest's, float32 when absent.
+ComputeDType candidate_dtype(const TensorSource& cand, std::string* source = nullptr);
+
+// The cheap fingerprints (see the file comment) that fire on this candidate.
+std::vector<Fingerprint> fingerprints(const TensorSource& cand, const TensorSource& ref, const DiffResult& global,
+                                      const Scenario& sc);
+
+// Tests every hypothesis of `runner` by replay (plus values fitted by
+// fingerprints and, when no grid value of a parameterised bug reproduces the
+// candidate, a value searched between the grid points) and, where the oracle
+// supports it, by local recompute; picks the best supported one.
+struct DiagnoseInputs {
+  const TensorSource* cand = nullptr;
+  const TensorSource* ref = nullptr;          // reference at the candidate's dtype
+  const DiffResult* global = nullptr;
+  const LocalReport* local = nullptr;         // may be null / not ran
+  const LocalOracle* oracle = nullptr;        // may be null
+  const Recomputed* ref_local = nullptr;      // the reference's recompute over the candidate's names
+  const HypothesisRunner* runner = nullptr;   // may be null
+  Scenario scenario;
+  ComputeDType dtype = ComputeDType::Float32;
+  std::vector<std::string> sites;             // --sites filter
+};
+Diagnosis diagnose(const DiagnoseInputs& in);
+
+// The whole pipeline: replays the candidate's forward calls through the
+// reference (at its dtype and, for the noise floor, in float64), compares,
+// computes local errors and diagnoses. `oracle` and `hypotheses` may be null
+// (then no local errors / no replay evidence).
+BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, const LocalOracle* oracle,
+                    const HypothesisRunner* hypotheses, const BisectOptions& opt);
+
+}  // namespace llmdiff::compare

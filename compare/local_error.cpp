@@ -1,0 +1,186 @@
+#include "compare/local_error.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include "compare/tolerance.h"
+#include "dumps/errors.h"
+
+namespace llmdiff::compare {
+
+namespace {
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+std::string fmt_value(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+std::vector<float> floats_of(const TensorData& t) {
+  if (!t.is_int) return t.f;
+  return std::vector<float>(t.i.begin(), t.i.end());
+}
+
+// max |a-b| and its offset, NMSE against b.
+void diff_stats(const std::vector<float>& a, const std::vector<float>& b, double* max_abs, int64_t* at,
+                double* nmse) {
+  double m = 0, num = 0, den = 0;
+  int64_t where = -1;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = double(a[i]) - double(b[i]);
+    if (!std::isfinite(d)) {
+      if (!(std::isnan(a[i]) && std::isnan(b[i])) && a[i] != b[i]) {
+        m = kInf;
+        where = int64_t(i);
+      }
+      continue;
+    }
+    num += d * d;
+    den += double(b[i]) * double(b[i]);
+    if (std::fabs(d) > m) {
+      m = std::fabs(d);
+      where = int64_t(i);
+    }
+  }
+  *max_abs = m;
+  *at = where;
+  *nmse = den > 0 ? num / den : (num > 0 ? kInf : 0.0);
+}
+}  // namespace
+
+std::string Hypothesis::str() const { return value ? bug + "=" + fmt_value(*value) : bug; }
+
+SubsetSource::SubsetSource(const TensorSource& base, const std::vector<std::string>& keep) : base_(base) {
+  for (const auto& n : keep)
+    if (base.has(n)) names_.push_back(n);
+  sort_canonical(names_);
+}
+
+bool SubsetSource::has(const std::string& name) const {
+  return std::find(names_.begin(), names_.end(), name) != names_.end();
+}
+
+Shape SubsetSource::shape(const std::string& name) const {
+  if (!has(name)) throw MissingTensorError(label(), name);
+  return base_.shape(name);
+}
+
+TensorData SubsetSource::get(const std::string& name) const {
+  if (!has(name)) throw MissingTensorError(label(), name);
+  return base_.get(name);
+}
+
+size_t LocalReport::failing() const {
+  size_t n = 0;
+  for (const auto& s : sites)
+    if (!s.pass) ++n;
+  return n;
+}
+
+const LocalSite* LocalReport::find(const std::string& name) const {
+  for (const auto& s : sites)
+    if (s.name == name) return &s;
+  return nullptr;
+}
+
+LocalReport judge_local(const TensorSource& cand, const Recomputed& cand_local, const TensorSource* ref,
+                        const Recomputed* ref_local, ComputeDType dtype, const std::vector<std::string>& sites) {
+  LocalReport r;
+  r.ran = true;
+  r.dtype = dtype;
+  for (const auto& name : cand.names()) {
+    if (!sites.empty() && !any_site_glob_match(sites, name)) continue;
+    if (!cand_local.values.has(name)) {
+      r.not_recomputed.push_back(name);
+      continue;
+    }
+    LocalSite s;
+    s.name = name;
+    s.parsed = parse_name(name);
+    auto src = cand_local.source.find(name);
+    if (src != cand_local.source.end()) s.source = src->second;
+    TensorData c = cand.get(name), l = cand_local.values.get(name);
+    s.cand_shape = c.shape;
+    s.local_shape = l.shape;
+    s.is_int = c.is_int && l.is_int;
+    if (c.shape != l.shape) {
+      s.shape_match = false;
+      s.pass = false;
+      s.max_abs = s.nmse = kInf;
+      s.note = "shape " + shape_str(c.shape) + " where the recompute from its own inputs gives " + shape_str(l.shape);
+      r.sites.push_back(std::move(s));
+      continue;
+    }
+    if (s.is_int) {
+      for (size_t i = 0; i < c.i.size(); ++i)
+        if (c.i[i] != l.i[i]) {
+          if (s.int_mismatches == 0) {
+            s.max_abs_at = int64_t(i);
+            s.note = "value " + std::to_string(c.i[i]) + " at " + index_str(unravel(int64_t(i), c.shape)) +
+                     " where the recompute gives " + std::to_string(l.i[i]);
+          }
+          ++s.int_mismatches;
+        }
+      s.pass = s.int_mismatches == 0;
+      s.max_abs = s.nmse = s.pass ? 0.0 : kInf;
+      r.sites.push_back(std::move(s));
+      continue;
+    }
+    std::vector<float> cf = floats_of(c), lf = floats_of(l);
+    diff_stats(cf, lf, &s.max_abs, &s.max_abs_at, &s.nmse);
+    int64_t bad = 0;
+    const double cand_rmse = rmse(cf.data(), lf.data(), c.numel(), &bad);
+    double ref_rmse = 0;
+    int64_t ref_bad = 0;
+    if (ref && ref_local && ref->has(name) && ref_local->values.has(name)) {
+      TensorData a = ref->get(name), b = ref_local->values.get(name);
+      if (a.shape == c.shape && b.shape == c.shape) {
+        std::vector<float> af = floats_of(a), bf = floats_of(b);
+        ref_rmse = rmse(af.data(), bf.data(), a.numel(), &ref_bad);
+        s.has_ref_noise = true;
+      }
+    }
+    s.noise = noise_stats(cand_rmse, ref_rmse, rms(lf.data(), l.numel()), dtype);
+    if (bad > ref_bad) s.noise.finite = false;
+    if (s.has_ref_noise) {
+      s.pass = s.noise.pass();
+      if (!s.pass) s.note = "local " + s.noise.str();
+    } else {
+      s.pass = s.noise.finite;
+      s.note = "no reference noise level for this site: not judged by the noise floor (local rmse " +
+               fmt_value(cand_rmse) + ")";
+    }
+    r.sites.push_back(std::move(s));
+  }
+  for (size_t k = 0; k < r.sites.size(); ++k)
+    if (!r.sites[k].pass) {
+      r.first_failure = k;
+      break;
+    }
+  return r;
+}
+
+std::unique_ptr<Recomputed> recompute_reference(const LocalOracle& oracle, const TensorSource& cand,
+                                                const TensorSource& ref) {
+  SubsetSource subset(ref, cand.names());
+  return oracle.recompute(subset, ComputeDType::Float64);
+}
+
+LocalReport analyse_local(const LocalOracle& oracle, const TensorSource& cand, const TensorSource* ref,
+                          ComputeDType dtype, const std::vector<std::string>& sites, const Hypothesis* h,
+                          const Recomputed* ref_local) {
+  std::unique_ptr<Recomputed> own_ref_local;
+  if (ref && !ref_local) {
+    own_ref_local = recompute_reference(oracle, cand, *ref);
+    ref_local = own_ref_local.get();
+  }
+  std::unique_ptr<Recomputed> cand_local = oracle.recompute(cand, ComputeDType::Float64, h);
+  LocalReport r = judge_local(cand, *cand_local, ref, ref_local, dtype, sites);
+  if (h) r.hypothesis = h->str();
+  return r;
+}
+
+}  // namespace llmdiff::compare

@@ -1,0 +1,125 @@
+// Local errors (teacher forcing): every site of a dump recomputed with the
+// reference's op from that dump's OWN inputs (q_rope from the dump's q and the
+// reference rotary table, a layer's output from the dump's layer input, ...)
+// and compared with the dump's output. A site whose local error exceeds the
+// reference's own local rounding noise is wrong by itself; a site that only
+// diverges globally merely inherits the error of an earlier one.
+//
+// compare/ sees the reference only through the LocalOracle interface (the
+// libtorch-backed implementation lives in cli/oracle.cpp).
+#pragma once
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "compare/noise_floor.h"
+#include "dumps/config.h"
+#include "dumps/dump.h"
+#include "dumps/names.h"
+
+namespace llmdiff::compare {
+
+// One bug hypothesis of the zoo: its name as `--inject` spells it and, for
+// parameterised bugs (rope-theta, rmsnorm-eps), the value.
+struct Hypothesis {
+  std::string bug;
+  std::optional<double> value;
+  std::string str() const;  // "rope-interleaved", "rmsnorm-eps=1e-05"
+  bool operator==(const Hypothesis& o) const { return bug == o.bug && value == o.value; }
+};
+
+// Sites recomputed from a dump's own inputs.
+struct Recomputed {
+  MemoryDump values{"recomputed"};             // full canonical names
+  std::map<std::string, std::string> source;   // name -> the dump's tensors it was recomputed from
+};
+
+class LocalOracle {
+ public:
+  virtual ~LocalOracle() = default;
+  // Recomputes every site of `dump` that the oracle knows how to, at
+  // `dtype`, from the dump's own values: each op reads its inputs from the
+  // dump where the dump holds them and recomputes them (from their own inputs,
+  // recursively) where it does not. A dump holding only `layers.*.out` thus
+  // gets each layer recomputed from its layer input, every step in order with
+  // the layer's own KV cache. With `h`, the ops run as the bug hypothesis
+  // describes (supports(h) must be true).
+  virtual std::unique_ptr<Recomputed> recompute(const TensorSource& dump, ComputeDType dtype,
+                                                const Hypothesis* h = nullptr) const = 0;
+  // Whether recompute() can run the ops under `h`.
+  virtual bool supports(const Hypothesis& h) const = 0;
+};
+
+// A read-only view of `base` restricted to `keep` (names absent from base are ignored).
+class SubsetSource : public TensorSource {
+ public:
+  SubsetSource(const TensorSource& base, const std::vector<std::string>& keep);
+  const std::string& label() const override { return base_.label(); }
+  const Manifest& manifest() const override { return base_.manifest(); }
+  std::vector<std::string> names() const override { return names_; }
+  bool has(const std::string& name) const override;
+  Shape shape(const std::string& name) const override;
+  TensorData get(const std::string& name) const override;
+
+ private:
+  const TensorSource& base_;
+  std::vector<std::string> names_;
+};
+
+// The local verdict on one site.
+struct LocalSite {
+  std::string name;
+  CanonName parsed;
+  std::string source;         // what the recompute read
+  bool is_int = false;
+  bool shape_match = true;
+  Shape cand_shape, local_shape;
+  // Candidate vs its own float64 recompute.
+  double max_abs = 0, nmse = 0;
+  int64_t max_abs_at = -1;
+  int64_t int_mismatches = 0;
+  // Candidate and reference local RMSEs and the noise-floor verdict.
+  bool has_ref_noise = false;  // the reference's local noise at this site is known
+  NoiseStats noise;
+  bool pass = true;
+  std::string note;
+};
+
+struct LocalReport {
+  bool ran = false;                        // false: no oracle (model not given or --no-local)
+  ComputeDType dtype = ComputeDType::Float32;
+  std::string hypothesis;                  // empty: the reference ops
+  std::vector<LocalSite> sites;            // canonical order
+  std::vector<std::string> not_recomputed; // candidate names the oracle could not recompute
+  std::optional<size_t> first_failure;     // index into sites
+  size_t failing() const;
+  const LocalSite* find(const std::string& name) const;
+  const LocalSite* first() const { return first_failure ? &sites[*first_failure] : nullptr; }
+};
+
+// Judges each recomputed site: the candidate's local error (against
+// `cand_local`, its float64 recompute) vs the reference's local error at
+// `dtype` (`ref` against `ref_local`, recomputed from the same subset of
+// names). Integer sites (tokens, positions, generated) and sites without a
+// reference noise level are compared exactly / by the floor alone. `sites`
+// filters names (site globs; empty = all).
+LocalReport judge_local(const TensorSource& cand, const Recomputed& cand_local, const TensorSource* ref,
+                        const Recomputed* ref_local, ComputeDType dtype, const std::vector<std::string>& sites = {});
+
+// Runs the oracle on the candidate (float64) and on the reference at dtype
+// restricted to the candidate's names (float64), then judge_local. With `h`,
+// the candidate is recomputed under the hypothesis (the reference's noise
+// always comes from the reference ops). `ref_local` may pass a reference
+// recompute to reuse (it must come from the same subset of names).
+LocalReport analyse_local(const LocalOracle& oracle, const TensorSource& cand, const TensorSource* ref,
+                          ComputeDType dtype, const std::vector<std::string>& sites = {},
+                          const Hypothesis* h = nullptr, const Recomputed* ref_local = nullptr);
+
+// The reference's float64 recompute over the candidate's subset of names
+// (what analyse_local needs as `ref_local`).
+std::unique_ptr<Recomputed> recompute_reference(const LocalOracle& oracle, const TensorSource& cand,
+                                                const TensorSource& ref);
+
+}  // namespace llmdiff::compare

@@ -1,0 +1,129 @@
+#include "compare/noise_floor.h"
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+namespace llmdiff::compare {
+
+namespace {
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+bool same_nonfinite(float a, float b) {
+  if (std::isnan(a) && std::isnan(b)) return true;
+  return a == b;  // +Inf == +Inf, -Inf == -Inf
+}
+}  // namespace
+
+double noise_multiplier(ComputeDType dtype) {
+  switch (dtype) {
+    case ComputeDType::BFloat16:
+    case ComputeDType::Float16: return 3.0;
+    case ComputeDType::Float32:
+    case ComputeDType::Float64: return 2.0;
+  }
+  return 2.0;
+}
+
+double noise_floor_abs(double truth_rms) { return kNoiseFloorEps * kFloat32Eps * truth_rms; }
+
+bool NoiseStats::pass() const { return finite && !(cand_rmse > threshold()) && !std::isnan(cand_rmse); }
+
+double NoiseStats::ratio() const {
+  if (!finite || std::isnan(cand_rmse)) return kInf;
+  const double t = threshold();
+  if (t > 0) return cand_rmse / t;
+  return cand_rmse > 0 ? kInf : 0.0;
+}
+
+std::string NoiseStats::str() const {
+  char buf[200];
+  if (!finite) return "non-finite values where the float64 reference is finite";
+  std::snprintf(buf, sizeof buf, "rmse %.3g %s %g x %.3g + %.2g", cand_rmse, pass() ? "<=" : ">", multiplier,
+                ref_rmse, floor);
+  return buf;
+}
+
+double rmse(const float* a, const float* b, int64_t n, int64_t* mismatch) {
+  double sum = 0;
+  int64_t count = 0, bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = a[i], y = b[i];
+    if (std::isfinite(x) && std::isfinite(y)) {
+      const double d = double(x) - double(y);
+      sum += d * d;
+      ++count;
+    } else if (!same_nonfinite(x, y)) {
+      ++bad;
+    }
+  }
+  if (mismatch) *mismatch = bad;
+  return count ? std::sqrt(sum / double(count)) : 0.0;
+}
+
+double rms(const float* a, int64_t n) {
+  double sum = 0;
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (std::isfinite(a[i])) {
+      sum += double(a[i]) * double(a[i]);
+      ++count;
+    }
+  return count ? std::sqrt(sum / double(count)) : 0.0;
+}
+
+NoiseStats noise_stats(double cand_rmse, double ref_rmse, double truth_rms, ComputeDType dtype) {
+  NoiseStats s;
+  s.cand_rmse = cand_rmse;
+  s.ref_rmse = ref_rmse;
+  s.truth_rms = truth_rms;
+  s.multiplier = noise_multiplier(dtype);
+  s.floor = noise_floor_abs(truth_rms);
+  s.finite = std::isfinite(cand_rmse);
+  return s;
+}
+
+NoiseStats noise_stats(const float* truth, const float* ref, const float* cand, int64_t n, ComputeDType dtype) {
+  int64_t cand_bad = 0, ref_bad = 0;
+  const double c = rmse(cand, truth, n, &cand_bad);
+  const double r = rmse(ref, truth, n, &ref_bad);
+  NoiseStats s = noise_stats(c, r, rms(truth, n), dtype);
+  // A non-finite candidate value is an error unless the reference at dtype
+  // shows the same (e.g. both overflow where float64 does not).
+  if (cand_bad > ref_bad) s.finite = false;
+  return s;
+}
+
+NoiseFloorCriterion::NoiseFloorCriterion(std::shared_ptr<const TensorSource> truth, ComputeDType dtype)
+    : truth_(std::move(truth)), dtype_(dtype) {}
+
+Judgement NoiseFloorCriterion::judge(const TensorData& ref, const TensorData& cand, const TensorComparison& cmp) const {
+  const std::string& name = cmp.name;
+  auto fallback = [&](const std::string& why) {
+    Judgement j = AllcloseCriterion().judge(ref, cand, cmp);
+    j.note = "noise floor unavailable (" + why + "); judged by allclose at " + cmp.tolerance.str();
+    return j;
+  };
+  if (!truth_ || !truth_->has(name)) return fallback("the float64 run lacks this name");
+  TensorData truth = truth_->get(name);
+  if (truth.shape != ref.shape) return fallback("the float64 run has shape " + shape_str(truth.shape));
+  std::vector<float> tf = truth.f;
+  if (truth.is_int) tf.assign(truth.i.begin(), truth.i.end());
+  NoiseStats s = noise_stats(tf.data(), ref.f.data(), cand.f.data(), ref.numel(), dtype_);
+  Judgement j;
+  j.pass = s.pass();
+  j.metric = "rmse vs float64";
+  j.value = s.finite ? s.cand_rmse : kInf;
+  j.threshold = s.threshold();
+  if (!j.pass) {
+    char buf[240];
+    std::snprintf(buf, sizeof buf,
+                  "noise floor: RMSE against float64 %.3g exceeds %g x %.3g (the reference's own %s rounding) + "
+                  "floor %.2g",
+                  s.cand_rmse, s.multiplier, s.ref_rmse, compute_dtype_name(dtype_), s.floor);
+    j.note = s.finite ? buf : "noise floor: " + s.str();
+  }
+  return j;
+}
+
+}  // namespace llmdiff::compare

@@ -1,0 +1,424 @@
+// End to end: every bug of the zoo, injected into the impl on every golden
+// model it applies to, replayed over the golden decode scenario (a prefill of
+// 5 tokens then 3 decode steps: cache, mask and position bugs show), is
+// localised at the op that causes it and diagnosed by bisect, from a full
+// dump and from one cut down to tokens / positions / layers.*.out / logits /
+// generated. Clean impl dumps and HF's own golden dumps (float32 and
+// bfloat16) pass the noise floor. The `bisect` and `run` commands: exit
+// codes, JSON, Markdown reports, usage errors.
+#include <gtest/gtest.h>
+
+#include <CLI/CLI.hpp>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "cli/oracle.h"
+#include "compare/bisect_report.h"
+#include "dumps/config.h"
+#include "dumps/errors.h"
+#include "impl/bugs.h"
+#include "tests/support.h"
+
+namespace fs = std::filesystem;
+using namespace llmdiff;
+using namespace llmdiff::testing;
+using compare::BisectOptions;
+using compare::BisectResult;
+
+namespace {
+
+// One ModelOracles per golden model for the whole test binary.
+const cli::ModelOracles& oracles(const std::string& model) {
+  static std::map<std::string, std::unique_ptr<cli::ModelOracles>> cache;
+  auto& m = cache[model];
+  if (!m) m = std::make_unique<cli::ModelOracles>(golden_model(model), 1);
+  return *m;
+}
+
+Scenario golden_scenario(const std::string& model, const std::string& scenario = "decode") {
+  return replay_scenario(DumpFile(golden_dump(model, scenario)));
+}
+
+// The impl (with the given zoo bugs) over `sc`, every site recorded.
+std::unique_ptr<MemoryDump> impl_candidate(const cli::ModelOracles& m, const Scenario& sc,
+                                           const std::vector<std::string>& inject) {
+  cli::EngineOptions eo;
+  eo.threads = 1;
+  eo.inject = inject;
+  auto engine = cli::make_engine("impl", m.model, eo);
+  auto d = std::make_unique<MemoryDump>(inject.empty() ? "impl" : "impl --inject " + inject.front());
+  d->mutable_manifest() = cli::make_manifest(*engine, m.model, m.dir, sc);
+  run_scenario(*engine, sc, *d);
+  return d;
+}
+
+// The same dump holding only what a minimal producer reports: tokens,
+// positions, each layer's output, logits and the greedy tokens.
+std::unique_ptr<MemoryDump> cut_down(const TensorSource& full) {
+  auto d = std::make_unique<MemoryDump>(full.label() + " (cut down)");
+  d->mutable_manifest() = full.manifest();
+  for (const auto& n : full.names()) {
+    CanonName c = parse_name(n);
+    const bool keep = (c.kind == CanonName::Kind::Step && (c.site == "tokens" || c.site == "positions" || c.site == "logits")) ||
+                      (c.kind == CanonName::Kind::Layer && c.site == "out") || c.kind == CanonName::Kind::Generated;
+    if (keep) d->put(full.get(n));
+  }
+  return d;
+}
+
+// Where each bug first shows: in a full dump, and in a cut-down one.
+struct Expected {
+  std::string full, cut;
+};
+const std::map<std::string, Expected>& expected_divergence() {
+  static const std::map<std::string, Expected> m = {
+      {"rope-interleaved", {"step0.layers.0.attn.q_rope", "step0.layers.0.out"}},
+      {"rope-theta", {"rope.inv_freq", "step0.layers.0.out"}},
+      {"rope-scaling-ignored", {"rope.inv_freq", "step0.layers.0.out"}},
+      {"rope-position-reset", {"step1.positions", "step1.positions"}},
+      {"repeat-kv-tile", {"step0.layers.0.attn.k_rep", "step0.layers.0.out"}},
+      {"mask-square", {"step1.mask", "step1.layers.0.out"}},
+      {"mask-missing", {"step0.mask", "step0.layers.0.out"}},
+      {"kv-overwrite", {"step1.mask", "step1.layers.0.out"}},
+      {"last-token-first", {"step0.last_hidden", "generated"}},
+      {"rmsnorm-eps", {"step0.layers.0.attn_norm", "step0.layers.0.out"}},
+      {"missing-bias", {"step0.layers.0.attn.q", "step0.layers.0.out"}},
+      {"qk-norm-after-rope", {"step0.layers.0.attn.q_norm", "step0.layers.0.out"}},
+      {"softmax-scale", {"step0.layers.0.attn.scores", "step0.layers.0.out"}},
+      {"gate-up-swap", {"step0.layers.0.mlp.act", "step0.layers.0.out"}},
+      {"lm-head", {"step0.logits", "step0.logits"}},
+  };
+  return m;
+}
+
+std::string describe(const BisectResult& r) {
+  return "first divergence " + r.first_divergence().value_or("none") + ", first local failure " +
+         r.first_local_failure().value_or("none") + ", diagnosis " +
+         (r.diagnosis.bug ? r.diagnosis.bug->str() : std::string("none")) + ": " + r.diagnosis.evidence;
+}
+
+// ---------------------------------------------------------------------------
+// Every zoo bug on every golden model it applies to.
+
+struct ZooCase {
+  std::string model, bug;
+};
+
+std::vector<ZooCase> zoo_cases() {
+  std::vector<ZooCase> out;
+  for (const auto& model : golden_models()) {
+    ModelConfig cfg = load_config(golden_model(model));
+    for (const auto& info : impl::all_bugs())
+      if (impl::bug_inapplicable_reason(info.bug, cfg).empty()) out.push_back({model, info.name});
+  }
+  return out;
+}
+
+class BisectZoo : public ::testing::TestWithParam<ZooCase> {};
+
+void check_diagnosis(const BisectResult& r, const cli::ModelOracles& m, const std::string& bug,
+                     const std::string& expected_first, const std::string& what) {
+  SCOPED_TRACE(what + ": " + describe(r));
+  EXPECT_EQ(r.exit_code(), 1);
+  EXPECT_EQ(r.first_divergence().value_or("none"), expected_first);
+  // Localised at the op that causes it: its local error fails first.
+  EXPECT_EQ(r.first_local_failure().value_or("none"), expected_first);
+  ASSERT_TRUE(r.diagnosis.bug.has_value());
+  EXPECT_EQ(r.diagnosis.bug->bug, bug);
+  EXPECT_TRUE(r.diagnosis.ambiguous.empty());
+  EXPECT_FALSE(r.diagnosis.evidence.empty());
+  impl::BugSpec spec = impl::parse_bug(bug);
+  if (impl::bug_takes_value(spec.bug)) {
+    ASSERT_TRUE(r.diagnosis.bug->value.has_value());
+    EXPECT_DOUBLE_EQ(*r.diagnosis.bug->value, impl::bug_value(spec, m.model.config));
+    EXPECT_NE(r.diagnosis.evidence.find("config says"), std::string::npos);
+  }
+}
+
+TEST_P(BisectZoo, LocalisesAndNamesTheBugInFullAndCutDownDumps) {
+  const ZooCase& c = GetParam();
+  const cli::ModelOracles& m = oracles(c.model);
+  const Expected& want = expected_divergence().at(c.bug);
+  std::unique_ptr<MemoryDump> full = impl_candidate(m, golden_scenario(c.model), {c.bug});
+  check_diagnosis(cli::bisect_candidate(m, *full, BisectOptions{}), m, c.bug, want.full, "full dump");
+  std::unique_ptr<MemoryDump> cut = cut_down(*full);
+  check_diagnosis(cli::bisect_candidate(m, *cut, BisectOptions{}), m, c.bug, want.cut, "cut-down dump");
+}
+
+INSTANTIATE_TEST_SUITE_P(AllGolden, BisectZoo, ::testing::ValuesIn(zoo_cases()),
+                         [](const ::testing::TestParamInfo<ZooCase>& info) {
+                           std::string s = info.param.model + "_" + info.param.bug;
+                           for (char& ch : s)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return s;
+                         });
+
+// ---------------------------------------------------------------------------
+// Honest implementations pass.
+
+class BisectClean : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(BisectClean, CleanImplDumpsPassTheNoiseFloor) {
+  const std::string model = GetParam();
+  const cli::ModelOracles& m = oracles(model);
+  for (const std::string scenario : {"decode", "chunked", "prefill"}) {
+    std::unique_ptr<MemoryDump> full = impl_candidate(m, golden_scenario(model, scenario), {});
+    std::unique_ptr<MemoryDump> cut = cut_down(*full);
+    for (const MemoryDump* cand : {full.get(), cut.get()}) {
+      BisectResult r = cli::bisect_candidate(m, *cand, BisectOptions{});
+      SCOPED_TRACE(scenario + " " + cand->label() + ": " + describe(r));
+      EXPECT_TRUE(r.ok());
+      EXPECT_EQ(r.exit_code(), 0);
+      EXPECT_TRUE(r.noise_floor);
+      EXPECT_EQ(r.dtype, ComputeDType::Float32);  // the impl computes in float32, also from bf16 weights
+      EXPECT_GE(r.global.tensors.size(), 5u);
+      EXPECT_TRUE(r.local.ran);
+      EXPECT_GE(r.local.sites.size(), 4u);
+      for (const auto& n : r.local.not_recomputed) EXPECT_EQ(parse_name(n).site, "tokens") << n;
+      EXPECT_FALSE(r.diagnosis.needed);
+      EXPECT_FALSE(r.diagnosis.bug);
+    }
+  }
+}
+
+TEST_P(BisectClean, HuggingFaceGoldenDumpsPassAsExternalCandidates) {
+  const std::string model = GetParam();
+  const cli::ModelOracles& m = oracles(model);
+  for (const std::string scenario : {"decode", "chunked", "prefill"}) {
+    DumpFile golden(golden_dump(model, scenario));
+    BisectResult r = cli::bisect_candidate(m, golden, BisectOptions{});
+    SCOPED_TRACE(scenario + ": " + describe(r));
+    EXPECT_TRUE(r.ok());
+    EXPECT_EQ(r.dtype, m.model.config.default_dtype());  // bfloat16 for llama-mha-bf16: judged with m = 3
+    EXPECT_TRUE(r.local.ran);
+    EXPECT_EQ(r.local.failing(), 0u);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllGolden, BisectClean, ::testing::ValuesIn(golden_models()),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string s = info.param;
+                           for (char& ch : s)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return s;
+                         });
+
+// ---------------------------------------------------------------------------
+// Values off the grids, bugs outside the zoo.
+
+TEST(BisectParameters, ThetaIsFittedFromInvFreqAndEpsSearchedInCutDownDumps) {
+  {
+    const cli::ModelOracles& m = oracles("llama-gqa");
+    std::unique_ptr<MemoryDump> full = impl_candidate(m, golden_scenario("llama-gqa"), {"rope-theta=12345"});
+    BisectResult r = cli::bisect_candidate(m, *full, BisectOptions{});
+    SCOPED_TRACE(describe(r));
+    ASSERT_TRUE(r.diagnosis.bug);
+    EXPECT_EQ(r.diagnosis.bug->str(), "rope-theta=12345");
+    EXPECT_NE(r.diagnosis.evidence.find("rope.inv_freq fits theta = 12345"), std::string::npos);
+  }
+  {
+    const cli::ModelOracles& m = oracles("qwen3-qknorm");
+    std::unique_ptr<MemoryDump> full = impl_candidate(m, golden_scenario("qwen3-qknorm"), {"rmsnorm-eps=2.5e-5"});
+    BisectResult r = cli::bisect_candidate(m, *cut_down(*full), BisectOptions{});
+    SCOPED_TRACE(describe(r));
+    ASSERT_TRUE(r.diagnosis.bug);
+    EXPECT_EQ(r.diagnosis.bug->bug, "rmsnorm-eps");
+    ASSERT_TRUE(r.diagnosis.bug->value);
+    EXPECT_NEAR(*r.diagnosis.bug->value, 2.5e-5, 1e-7);
+  }
+}
+
+// Another implementation's rounding: every float of the dump moved by a
+// relative N(0, 1) * 2e-7 (about 2 float32 ulps), reproducibly.
+void perturb(MemoryDump& d, uint64_t seed) {
+  for (const auto& n : d.names()) {
+    TensorData t = d.get(n);
+    if (t.is_int) continue;
+    for (float& v : t.f) {
+      seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+      const double u1 = (double(seed >> 11) + 0.5) / 9007199254740992.0;
+      seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+      const double u2 = (double(seed >> 11) + 0.5) / 9007199254740992.0;
+      const double g = std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+      v = float(double(v) * (1.0 + 2e-7 * g));
+    }
+    d.put(t);
+  }
+}
+
+TEST(BisectExternalNumerics, BugsAreDiagnosedInDumpsThatAreNotBitExactWithTheImpl) {
+  const cli::ModelOracles& m = oracles("qwen2-bias");
+  {
+    std::unique_ptr<MemoryDump> clean = impl_candidate(m, golden_scenario("qwen2-bias"), {});
+    perturb(*clean, 1);
+    BisectResult r = cli::bisect_candidate(m, *clean, BisectOptions{});
+    SCOPED_TRACE(describe(r));
+    EXPECT_TRUE(r.ok());
+  }
+  for (const std::string bug : {"rmsnorm-eps", "rope-interleaved", "kv-overwrite", "gate-up-swap"}) {
+    std::unique_ptr<MemoryDump> full = impl_candidate(m, golden_scenario("qwen2-bias"), {bug});
+    perturb(*full, 2);
+    std::unique_ptr<MemoryDump> cut = cut_down(*full);
+    for (const MemoryDump* cand : {full.get(), cut.get()}) {
+      BisectResult r = cli::bisect_candidate(m, *cand, BisectOptions{});
+      SCOPED_TRACE(bug + " " + cand->label() + ": " + describe(r));
+      const Expected& want = expected_divergence().at(bug);
+      EXPECT_EQ(r.localised_at().value_or(""), cand == full.get() ? want.full : want.cut);
+      ASSERT_TRUE(r.diagnosis.bug);
+      EXPECT_EQ(r.diagnosis.bug->bug, bug);
+    }
+  }
+}
+
+TEST(BisectUnknownBug, ACorruptionOutsideTheZooIsLocalisedButNotNamed) {
+  const cli::ModelOracles& m = oracles("qwen2-bias");
+  std::unique_ptr<MemoryDump> cand = impl_candidate(m, golden_scenario("qwen2-bias"), {});
+  // One op of layer 1 off by 0.1% (and only that op: later sites untouched).
+  TensorData down = cand->get("step0.layers.1.mlp.down");
+  for (float& v : down.f) v *= 1.001f;
+  cand->put(down);
+  BisectResult r = cli::bisect_candidate(m, *cand, BisectOptions{});
+  SCOPED_TRACE(describe(r));
+  EXPECT_EQ(r.exit_code(), 1);
+  EXPECT_EQ(r.first_divergence().value_or(""), "step0.layers.1.mlp.down");
+  EXPECT_EQ(r.first_local_failure().value_or(""), "step0.layers.1.mlp.down");
+  // out = attn_residual + down is locally wrong too (it no longer adds up).
+  ASSERT_NE(r.local.find("step0.layers.1.out"), nullptr);
+  EXPECT_FALSE(r.local.find("step0.layers.1.out")->pass);
+  EXPECT_FALSE(r.diagnosis.bug.has_value());
+  EXPECT_NE(r.diagnosis.evidence.find("no hypothesis of the bug zoo fits"), std::string::npos);
+  EXPECT_NE(r.diagnosis.evidence.find("rmse"), std::string::npos);  // the numbers are shown
+}
+
+// ---------------------------------------------------------------------------
+// The commands.
+
+struct CliRun {
+  int code = -1;
+  std::string out, error;
+};
+
+CliRun run_cli(const std::vector<std::string>& args) {
+  CLI::App app{"llmdiff"};
+  app.require_subcommand(1);
+  cli::Action action;
+  cli::setup_run(app, action);
+  cli::setup_bisect(app, action);
+  std::vector<const char*> argv{"llmdiff"};
+  for (const auto& a : args) argv.push_back(a.c_str());
+  CliRun r;
+  try {
+    app.parse(int(argv.size()), argv.data());
+  } catch (const CLI::ParseError& e) {
+    r.code = 2;
+    r.error = e.what();
+    return r;
+  }
+  ::testing::internal::CaptureStdout();
+  try {
+    r.code = action ? action() : 2;
+  } catch (const Error& e) {
+    r.code = 2;
+    r.error = e.what();
+  }
+  std::fflush(stdout);
+  r.out = ::testing::internal::GetCapturedStdout();
+  return r;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST(BisectCommands, RunWithAnInjectedBugPrintsTheDiagnosis) {
+  const std::string model = golden_model("llama-gqa"), replay = golden_dump("llama-gqa", "decode");
+  CliRun t = run_cli({"run", "--model", model, "--replay", replay, "--inject", "rope-interleaved", "--threads", "1"});
+  ASSERT_EQ(t.code, 1) << t.error;
+  EXPECT_NE(t.out.find("RESULT: divergence, localised at step0.layers.0.attn.q_rope"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("Diagnosis at step0.layers.0.attn.q_rope: rope-interleaved"), std::string::npos) << t.out;
+
+  const std::string report = temp_path("bisect-report.md");
+  CliRun j = run_cli({"run", "--model", model, "--replay", replay, "--inject", "rope-interleaved", "--threads", "1",
+                      "--json", "--report", report});
+  ASSERT_EQ(j.code, 1) << j.error;
+  nlohmann::json doc = nlohmann::json::parse(j.out);
+  EXPECT_EQ(doc["schema"], "llmdiff.bisect/1");
+  EXPECT_EQ(doc["first_divergence"], "step0.layers.0.attn.q_rope");
+  EXPECT_EQ(doc["first_local_failure"], "step0.layers.0.attn.q_rope");
+  EXPECT_EQ(doc["diagnosis"]["bug"], "rope-interleaved");
+  EXPECT_TRUE(doc["diagnosis"]["value"].is_null());
+  EXPECT_FALSE(doc["diagnosis"]["evidence"].get<std::string>().empty());
+  EXPECT_EQ(doc["criterion"], "noise-floor");
+  EXPECT_EQ(doc["exit_code"], 1);
+  std::string md = slurp(report);
+  EXPECT_NE(md.find("# llmdiff bisection report"), std::string::npos);
+  EXPECT_NE(md.find("`rope-interleaved`"), std::string::npos);
+  for (const auto& e : fs::directory_iterator(fs::path(report).parent_path()))
+    EXPECT_EQ(e.path().filename().string().find("bisect-report.md.tmp"), std::string::npos) << "temporary left behind";
+}
+
+TEST(BisectCommands, BisectOfAnExternalDump) {
+  const std::string model = golden_model("qwen2-bias");
+  CliRun ok = run_cli({"bisect", "--model", model, golden_dump("qwen2-bias", "chunked"), "--threads", "1"});
+  ASSERT_EQ(ok.code, 0) << ok.error;
+  EXPECT_NE(ok.out.find("RESULT: no divergence"), std::string::npos) << ok.out;
+
+  // A buggy dump written to disk by the impl, as another program would.
+  const std::string cand = temp_path("qwen2-missing-bias.safetensors");
+  CliRun w = run_cli({"run", "--model", model, "--replay", golden_dump("qwen2-bias", "decode"), "--inject",
+                      "missing-bias", "--threads", "1", "--out", cand, "--no-diagnose"});
+  ASSERT_EQ(w.code, 1) << w.error;
+  CliRun b = run_cli({"bisect", "--model", model, cand, "--threads", "1", "--json"});
+  ASSERT_EQ(b.code, 1) << b.error;
+  nlohmann::json doc = nlohmann::json::parse(b.out);
+  EXPECT_EQ(doc["first_divergence"], "step0.layers.0.attn.q");
+  EXPECT_EQ(doc["diagnosis"]["bug"], "missing-bias");
+
+  // Without the noise floor the diff is judged by allclose.
+  CliRun a = run_cli({"bisect", "--model", model, cand, "--threads", "1", "--json", "--no-noise-floor", "--no-local",
+                      "--no-diagnose"});
+  ASSERT_EQ(a.code, 1) << a.error;
+  nlohmann::json adoc = nlohmann::json::parse(a.out);
+  EXPECT_EQ(adoc["criterion"], "allclose");
+  EXPECT_TRUE(adoc["local"].is_null());
+  EXPECT_EQ(adoc["first_divergence"], "step0.layers.0.attn.q");
+}
+
+TEST(BisectCommands, UsageAndInputErrorsExitWith2) {
+  const std::string model = golden_model("llama-gqa"), g = golden_dump("llama-gqa", "prefill");
+  EXPECT_EQ(run_cli({"bisect", g}).code, 2);                                                   // no --model
+  EXPECT_EQ(run_cli({"bisect", "--model", model}).code, 2);                                    // no candidate
+  EXPECT_EQ(run_cli({"bisect", "--model", model, temp_path("missing.safetensors")}).code, 2);  // no such file
+  EXPECT_EQ(run_cli({"bisect", "--model", temp_path("no-model"), g}).code, 2);                 // no such model
+  EXPECT_EQ(run_cli({"bisect", "--model", model, g, "--tol", "layers.*=atol"}).code, 2);       // bad --tol
+  EXPECT_EQ(run_cli({"run", "--model", model}).code, 2);                                       // no tokens
+  EXPECT_EQ(run_cli({"run", "--model", model, "--tokens", "1,2", "--replay", g}).code, 2);
+  EXPECT_EQ(run_cli({"run", "--model", model, "--tokens", "1,2", "--inject", "no-such-bug"}).code, 2);
+  EXPECT_EQ(run_cli({"run", "--model", model, "--tokens", "1,2", "--inject", "missing-bias"}).code, 2);  // inapplicable
+  // A dump without step tokens cannot be replayed.
+  const std::string no_tokens = temp_path("no-tokens.safetensors");
+  {
+    DumpFile src(g);
+    MemoryDump d;
+    d.mutable_manifest() = src.manifest();
+    d.put(src.get("step0.logits"));
+    d.save(no_tokens);
+  }
+  CliRun r = run_cli({"bisect", "--model", model, no_tokens});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.error.find("tokens"), std::string::npos) << r.error;
+}
+
+}  // namespace

@@ -1,0 +1,460 @@
+// compare/ bisection pieces on synthetic data: the noise-floor criterion
+// (honest rounding passes, an RMSNorm-eps-sized systematic error fails),
+// local-error judgement, fingerprints, the diagnosis' use of hypothesis
+// runs, the bisect pipeline with in-memory runners, and the renderers.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "compare/bisect_report.h"
+#include "compare/diagnose.h"
+#include "compare/local_error.h"
+#include "compare/noise_floor.h"
+#include "dumps/errors.h"
+#include "tests/test_compare_helpers.h"
+
+using namespace llmdiff;
+using namespace llmdiff::compare;
+using llmdiff::testing::float_tensor;
+using llmdiff::testing::int_tensor;
+
+namespace {
+
+// Deterministic normal samples (splitmix64 + Box-Muller).
+class Normal {
+ public:
+  explicit Normal(uint64_t seed) : s_(seed) {}
+  double operator()() {
+    const double u1 = (double(next() >> 11) + 0.5) / 9007199254740992.0;
+    const double u2 = (double(next() >> 11) + 0.5) / 9007199254740992.0;
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  }
+
+ private:
+  uint64_t next() {
+    uint64_t z = (s_ += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+  uint64_t s_;
+};
+
+std::vector<double> normals(size_t n, uint64_t seed) {
+  Normal g(seed);
+  std::vector<double> v(n);
+  for (double& x : v) x = g();
+  return v;
+}
+
+// float32 rounding of x * (1 + rel), which is what an honest float32 op adds.
+std::vector<float> to_f32(const std::vector<double>& x, double rel = 0.0) {
+  std::vector<float> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = float(x[i] * (1.0 + rel));
+  return out;
+}
+
+// An RMSNorm of unit-scale rows evaluated with eps_used instead of eps_true:
+// y = x * rsqrt(mean(x^2) + eps) per row of `cols`.
+std::vector<double> rmsnorm(const std::vector<double>& x, size_t cols, double eps) {
+  std::vector<double> y(x.size());
+  for (size_t r = 0; r < x.size() / cols; ++r) {
+    double ss = 0;
+    for (size_t c = 0; c < cols; ++c) ss += x[r * cols + c] * x[r * cols + c];
+    const double k = 1.0 / std::sqrt(ss / double(cols) + eps);
+    for (size_t c = 0; c < cols; ++c) y[r * cols + c] = x[r * cols + c] * k;
+  }
+  return y;
+}
+
+// Adds float32-scale noise of `ulps` float32 epsilons (relative) to the
+// double values, then rounds to float32: a stand-in for an implementation's
+// own rounding in the op.
+std::vector<float> noisy_f32(const std::vector<double>& x, double ulps, uint64_t seed) {
+  Normal g(seed);
+  std::vector<float> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = float(x[i] * (1.0 + ulps * kFloat32Eps * g()));
+  return out;
+}
+
+std::shared_ptr<MemoryDump> dump_with(const std::string& label, const std::vector<TensorData>& tensors,
+                                      const std::string& dtype = "float32") {
+  auto d = std::make_shared<MemoryDump>(label);
+  d->mutable_manifest().dtype = dtype;
+  for (const auto& t : tensors) d->put(t);
+  return d;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Noise floor
+
+TEST(NoiseFloor, MultiplierAndFloorFollowTheDtype) {
+  EXPECT_EQ(noise_multiplier(ComputeDType::Float32), 2.0);
+  EXPECT_EQ(noise_multiplier(ComputeDType::Float64), 2.0);
+  EXPECT_EQ(noise_multiplier(ComputeDType::BFloat16), 3.0);
+  EXPECT_EQ(noise_multiplier(ComputeDType::Float16), 3.0);
+  EXPECT_DOUBLE_EQ(noise_floor_abs(2.0), 2.0 * kNoiseFloorEps * kFloat32Eps);
+  EXPECT_EQ(noise_floor_abs(0.0), 0.0);
+}
+
+TEST(NoiseFloor, HonestFloat32RoundingPassesAndRmsnormEpsFails) {
+  // attn_norm of unit-scale rows (embeddings ~ N(0,1)), D = 64, 8 rows.
+  const size_t D = 64;
+  std::vector<double> x = normals(8 * D, 1);
+  std::vector<double> truth = rmsnorm(x, D, 1e-6);
+  std::vector<float> t32 = to_f32(truth);
+  std::vector<float> ref = noisy_f32(truth, 0.5, 2);   // the reference's own rounding
+  std::vector<float> cand = noisy_f32(truth, 0.7, 3);  // another honest implementation, a bit worse
+  NoiseStats honest = noise_stats(t32.data(), ref.data(), cand.data(), int64_t(t32.size()), ComputeDType::Float32);
+  EXPECT_TRUE(honest.pass()) << honest.str();
+  EXPECT_LT(honest.ratio(), 0.6);
+
+  // The same rows normalised with eps = 1e-5 instead of 1e-6: NMSE ~ 2e-11.
+  std::vector<float> wrong = noisy_f32(rmsnorm(x, D, 1e-5), 0.7, 3);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < t32.size(); ++i) {
+    num += (double(wrong[i]) - t32[i]) * (double(wrong[i]) - t32[i]);
+    den += double(t32[i]) * t32[i];
+  }
+  EXPECT_GT(num / den, 5e-12);
+  EXPECT_LT(num / den, 1e-10);
+  NoiseStats bug = noise_stats(t32.data(), ref.data(), wrong.data(), int64_t(t32.size()), ComputeDType::Float32);
+  EXPECT_FALSE(bug.pass()) << bug.str();
+  EXPECT_GT(bug.ratio(), 3.0);
+}
+
+TEST(NoiseFloor, ExactOpsNeedNoBitEquality) {
+  // The reference reproduces the truth exactly (a copy); a candidate one
+  // float32 ulp off on some elements passes through the floor, a 1e-5
+  // relative error does not.
+  std::vector<double> truth = normals(256, 7);
+  std::vector<float> t32 = to_f32(truth);
+  std::vector<float> cand = t32;
+  for (size_t i = 0; i < cand.size(); i += 3) cand[i] = std::nextafter(cand[i], 10.0f);
+  NoiseStats s = noise_stats(t32.data(), t32.data(), cand.data(), int64_t(t32.size()), ComputeDType::Float32);
+  EXPECT_EQ(s.ref_rmse, 0.0);
+  EXPECT_TRUE(s.pass()) << s.str();
+  std::vector<float> off = to_f32(truth, 1e-5);
+  EXPECT_FALSE(noise_stats(t32.data(), t32.data(), off.data(), int64_t(t32.size()), ComputeDType::Float32).pass());
+}
+
+TEST(NoiseFloor, NonFiniteCandidateFails) {
+  std::vector<float> t = {1, 2, 3, 4}, r = t, c = t;
+  c[2] = std::nanf("");
+  NoiseStats s = noise_stats(t.data(), r.data(), c.data(), 4, ComputeDType::Float32);
+  EXPECT_FALSE(s.finite);
+  EXPECT_FALSE(s.pass());
+  EXPECT_TRUE(std::isinf(s.ratio()));
+  // ... unless the reference at dtype shows the same non-finite value.
+  r[2] = std::nanf("");
+  EXPECT_TRUE(noise_stats(t.data(), r.data(), c.data(), 4, ComputeDType::Float32).pass());
+}
+
+TEST(NoiseFloor, SixteenBitCandidatesGetALargerMultiplier) {
+  std::vector<double> truth = normals(512, 11);
+  std::vector<float> t32 = to_f32(truth);
+  // bfloat16-sized noise (2^-8 relative): the candidate 2.5x the reference's.
+  std::vector<float> ref = noisy_f32(truth, 0.25 * 32768, 12), cand = noisy_f32(truth, 0.625 * 32768, 13);
+  EXPECT_FALSE(noise_stats(t32.data(), ref.data(), cand.data(), 512, ComputeDType::Float32).pass());
+  EXPECT_TRUE(noise_stats(t32.data(), ref.data(), cand.data(), 512, ComputeDType::BFloat16).pass());
+}
+
+TEST(NoiseFloor, CriterionJudgesCompareDumpsAgainstTheFloat64Run) {
+  std::vector<double> x = normals(4 * 64, 21);
+  std::vector<double> y = rmsnorm(x, 64, 1e-6);
+  auto truth = dump_with("truth", {float_tensor("step0.embed", {4, 64}, to_f32(x)),
+                                   float_tensor("step0.layers.0.attn_norm", {4, 64}, to_f32(y))},
+                         "float64");
+  auto ref = dump_with("ref", {float_tensor("step0.embed", {4, 64}, to_f32(x)),
+                               float_tensor("step0.layers.0.attn_norm", {4, 64}, noisy_f32(y, 0.5, 22)),
+                               float_tensor("step0.layers.0.mlp_norm", {4, 64}, to_f32(y))});
+  auto cand = dump_with("cand", {float_tensor("step0.embed", {4, 64}, to_f32(x)),
+                                 float_tensor("step0.layers.0.attn_norm", {4, 64}, noisy_f32(rmsnorm(x, 64, 1e-5), 0.5, 23)),
+                                 float_tensor("step0.layers.0.mlp_norm", {4, 64}, to_f32(y))});
+  CompareOptions o;
+  o.criterion = std::make_shared<NoiseFloorCriterion>(truth, ComputeDType::Float32);
+  DiffResult r = compare_dumps(*ref, *cand, o);
+  EXPECT_EQ(r.criterion, "noise-floor");
+  ASSERT_NE(r.first(), nullptr);
+  EXPECT_EQ(r.first()->name, "step0.layers.0.attn_norm");
+  EXPECT_EQ(r.first()->judgement.metric, "rmse vs float64");
+  const TensorComparison* embed = r.find("step0.embed");
+  ASSERT_NE(embed, nullptr);
+  EXPECT_TRUE(embed->pass);
+  // The float64 run lacks mlp_norm: judged by allclose, with a note saying so.
+  const TensorComparison* mlp = r.find("step0.layers.0.mlp_norm");
+  ASSERT_NE(mlp, nullptr);
+  EXPECT_TRUE(mlp->pass);
+  EXPECT_NE(mlp->judgement.note.find("noise floor unavailable"), std::string::npos);
+}
+
+// ---------------------------------------------------------------------------
+// Local errors
+
+TEST(LocalError, JudgesEachSiteAgainstTheReferencesOwnLocalNoise) {
+  std::vector<double> q = normals(64, 31);
+  std::vector<float> q32 = to_f32(q);
+  // The candidate's q_rope is wrong by itself; its k_rope is honest.
+  auto cand = dump_with("cand", {float_tensor("step0.layers.0.attn.q_rope", {1, 4, 16}, to_f32(q, 1e-3)),
+                                 float_tensor("step0.layers.0.attn.k_rope", {1, 4, 16}, noisy_f32(q, 0.6, 32)),
+                                 int_tensor("step0.positions", {4}, {0, 1, 2, 4}),
+                                 float_tensor("step0.mask", {4, 4}, std::vector<float>(16, 1.0f)),
+                                 int_tensor("step0.tokens", {4}, {1, 2, 3, 4})});
+  Recomputed cl;
+  cl.values.put(float_tensor("step0.layers.0.attn.q_rope", {1, 4, 16}, q32));
+  cl.values.put(float_tensor("step0.layers.0.attn.k_rope", {1, 4, 16}, q32));
+  cl.values.put(int_tensor("step0.positions", {4}, {0, 1, 2, 3}));
+  cl.values.put(float_tensor("step0.mask", {4, 5}, std::vector<float>(20, 1.0f)));
+  cl.source["step0.layers.0.attn.q_rope"] = "layers.0.attn.q";
+  auto ref = dump_with("ref", {float_tensor("step0.layers.0.attn.q_rope", {1, 4, 16}, noisy_f32(q, 0.5, 33)),
+                               float_tensor("step0.layers.0.attn.k_rope", {1, 4, 16}, noisy_f32(q, 0.5, 34))});
+  Recomputed rl;
+  rl.values.put(float_tensor("step0.layers.0.attn.q_rope", {1, 4, 16}, q32));
+  rl.values.put(float_tensor("step0.layers.0.attn.k_rope", {1, 4, 16}, q32));
+
+  LocalReport r = judge_local(*cand, cl, ref.get(), &rl, ComputeDType::Float32);
+  EXPECT_TRUE(r.ran);
+  ASSERT_EQ(r.sites.size(), 4u);
+  EXPECT_EQ(r.not_recomputed, std::vector<std::string>{"step0.tokens"});
+  ASSERT_NE(r.first(), nullptr);
+  EXPECT_EQ(r.first()->name, "step0.positions");  // canonical order: positions, mask, then the layer
+  EXPECT_EQ(r.first()->int_mismatches, 1);
+  const LocalSite* mask = r.find("step0.mask");
+  ASSERT_NE(mask, nullptr);
+  EXPECT_FALSE(mask->shape_match);
+  EXPECT_FALSE(mask->pass);
+  const LocalSite* qr = r.find("step0.layers.0.attn.q_rope");
+  ASSERT_NE(qr, nullptr);
+  EXPECT_FALSE(qr->pass);
+  EXPECT_TRUE(qr->has_ref_noise);
+  EXPECT_EQ(qr->source, "layers.0.attn.q");
+  EXPECT_GT(qr->noise.ratio(), 10.0);
+  const LocalSite* kr = r.find("step0.layers.0.attn.k_rope");
+  ASSERT_NE(kr, nullptr);
+  EXPECT_TRUE(kr->pass) << kr->note;
+  EXPECT_EQ(r.failing(), 3u);
+
+  // Without a reference noise level a float site is reported, not judged.
+  LocalReport bare = judge_local(*cand, cl, nullptr, nullptr, ComputeDType::Float32, {"layers.*.attn.*"});
+  ASSERT_EQ(bare.sites.size(), 2u);
+  EXPECT_TRUE(bare.sites[0].pass);
+  EXPECT_NE(bare.sites[0].note.find("no reference noise level"), std::string::npos);
+}
+
+TEST(LocalError, SubsetSourceShowsOnlyTheKeptNames) {
+  auto d = dump_with("d", {float_tensor("step0.embed", {1, 2}, {1, 2}), float_tensor("step0.logits", {1, 2}, {3, 4}),
+                           int_tensor("step0.tokens", {1}, {5})});
+  SubsetSource s(*d, {"step0.logits", "step0.tokens", "step9.nothing"});
+  EXPECT_EQ(s.names(), (std::vector<std::string>{"step0.tokens", "step0.logits"}));
+  EXPECT_TRUE(s.has("step0.logits"));
+  EXPECT_FALSE(s.has("step0.embed"));
+  EXPECT_THROW(s.get("step0.embed"), MissingTensorError);
+  EXPECT_EQ(s.get("step0.logits").f, (std::vector<float>{3, 4}));
+}
+
+TEST(LocalError, HypothesisSpelling) {
+  EXPECT_EQ((Hypothesis{"rope-interleaved", std::nullopt}).str(), "rope-interleaved");
+  EXPECT_EQ((Hypothesis{"rmsnorm-eps", 1e-5}).str(), "rmsnorm-eps=1e-05");
+  EXPECT_EQ((Hypothesis{"rope-theta", 500000.0}).str(), "rope-theta=500000");
+}
+
+// ---------------------------------------------------------------------------
+// Fingerprints and diagnosis with in-memory runners
+
+namespace {
+
+// Two steps (T = 3 then 1) of a toy dump: positions, mask, k_cache, final_norm, logits.
+std::shared_ptr<MemoryDump> toy_dump(bool reset_positions, bool square_mask, bool overwrite_cache, float logits_scale) {
+  auto d = std::make_shared<MemoryDump>("toy");
+  d->mutable_manifest().dtype = "float32";
+  d->mutable_manifest().scenario = "decode";
+  d->put(int_tensor("step0.tokens", {3}, {5, 6, 7}));
+  d->put(int_tensor("step1.tokens", {1}, {8}));
+  d->put(int_tensor("step0.positions", {3}, {0, 1, 2}));
+  d->put(int_tensor("step1.positions", {1}, {reset_positions ? 0 : 3}));
+  d->put(float_tensor("step0.mask", {3, 3}, {1, 0, 0, 1, 1, 0, 1, 1, 1}));
+  d->put(float_tensor("step1.mask", {1, 4}, square_mask ? std::vector<float>{1, 0, 0, 0} : std::vector<float>{1, 1, 1, 1}));
+  const int64_t S1 = overwrite_cache ? 1 : 4;
+  d->put(float_tensor("step0.layers.0.attn.k_cache", {1, 3, 2}, {1, 2, 3, 4, 5, 6}));
+  d->put(float_tensor("step1.layers.0.attn.k_cache", {1, S1, 2}, std::vector<float>(size_t(2 * S1), 1.0f)));
+  for (int s = 0; s < 2; ++s) {
+    const int64_t T = s == 0 ? 3 : 1;
+    std::vector<float> fn(size_t(T * 2)), lg(size_t(T * 3));
+    for (size_t i = 0; i < fn.size(); ++i) fn[i] = float(i) * 0.5f + 1.0f;
+    for (size_t i = 0; i < lg.size(); ++i) lg[i] = logits_scale * (float(i % 3) - 1.0f + 0.25f * float(i / 3));
+    d->put(float_tensor(step_name(s, "final_norm"), {T, 2}, fn));
+    d->put(float_tensor(step_name(s, "logits"), {T, 3}, lg));
+  }
+  return d;
+}
+
+Scenario toy_scenario() {
+  Scenario sc;
+  sc.name = "decode";
+  sc.steps = {{5, 6, 7}, {8}};
+  return sc;
+}
+
+bool fired(const std::vector<Fingerprint>& fps, const std::string& bug) {
+  for (const auto& f : fps)
+    if (f.bug == bug && f.decisive) return true;
+  return false;
+}
+
+// A runner that "runs" each hypothesis by returning a stored dump.
+class TableRunner : public HypothesisRunner {
+ public:
+  std::map<std::string, std::shared_ptr<MemoryDump>> runs;  // hypothesis str -> dump ("" = clean)
+  std::vector<Hypothesis> hypotheses() const override {
+    std::vector<Hypothesis> out;
+    for (const auto& kv : runs)
+      if (!kv.first.empty()) out.push_back(Hypothesis{kv.first, std::nullopt});
+    return out;
+  }
+  std::vector<std::pair<std::string, std::string>> inapplicable() const override {
+    return {{"missing-bias", "no biases"}};
+  }
+  std::unique_ptr<MemoryDump> run(const Hypothesis& h, const Scenario&, const std::vector<std::string>&) const override {
+    auto it = runs.find(h.str());
+    if (it == runs.end()) throw UsageError("no such run");
+    return std::make_unique<MemoryDump>(*it->second);
+  }
+  std::optional<double> configured(const std::string&) const override { return std::nullopt; }
+};
+
+// A reference runner returning stored dumps per dtype.
+class TableReference : public ReferenceRunner {
+ public:
+  std::map<ComputeDType, std::shared_ptr<MemoryDump>> runs;
+  std::unique_ptr<MemoryDump> run(const Scenario&, ComputeDType d, const std::vector<std::string>&) const override {
+    return std::make_unique<MemoryDump>(*runs.at(d));
+  }
+  std::string describe() const override { return "table reference"; }
+};
+
+}  // namespace
+
+TEST(Fingerprints, StructuralPatternsAreRecognised) {
+  auto ref = toy_dump(false, false, false, 1.0f);
+  Scenario sc = toy_scenario();
+  {
+    auto cand = toy_dump(true, true, true, 1.0f);
+    DiffResult g = compare_dumps(*ref, *cand);
+    std::vector<Fingerprint> fps = fingerprints(*cand, *ref, g, sc);
+    EXPECT_TRUE(fired(fps, "rope-position-reset"));
+    EXPECT_TRUE(fired(fps, "mask-square"));
+    EXPECT_TRUE(fired(fps, "kv-overwrite"));
+    EXPECT_FALSE(fired(fps, "lm-head"));
+  }
+  {
+    // final_norm identical, logits scaled: the head itself is wrong.
+    auto cand = toy_dump(false, false, false, 2.0f);
+    DiffResult g = compare_dumps(*ref, *cand);
+    std::vector<Fingerprint> fps = fingerprints(*cand, *ref, g, sc);
+    EXPECT_TRUE(fired(fps, "lm-head"));
+    EXPECT_FALSE(fired(fps, "mask-square"));
+    EXPECT_FALSE(fired(fps, "rope-position-reset"));
+  }
+  {
+    auto same = toy_dump(false, false, false, 1.0f);
+    DiffResult g = compare_dumps(*ref, *same);
+    EXPECT_TRUE(fingerprints(*same, *ref, g, sc).empty());
+  }
+}
+
+TEST(Diagnose, ThePipelineNamesTheHypothesisWhoseRunReproducesTheCandidate) {
+  auto ref = toy_dump(false, false, false, 1.0f);
+  auto cand = toy_dump(true, false, false, 1.0f);   // positions restart at 0
+  auto other = toy_dump(false, true, false, 1.0f);  // a different bug's run
+  TableReference reference;
+  reference.runs[ComputeDType::Float32] = ref;
+  reference.runs[ComputeDType::Float64] = ref;
+  TableRunner runner;
+  runner.runs[""] = ref;
+  runner.runs["rope-position-reset"] = cand;
+  runner.runs["mask-square"] = other;
+  BisectOptions opt;
+  BisectResult r = bisect(*cand, reference, nullptr, &runner, opt);
+  EXPECT_FALSE(r.ok());
+  EXPECT_EQ(r.exit_code(), 1);
+  EXPECT_EQ(r.first_divergence().value_or(""), "step1.positions");
+  EXPECT_FALSE(r.first_local_failure());  // no oracle: no local errors
+  EXPECT_EQ(r.localised_at().value_or(""), "step1.positions");
+  ASSERT_TRUE(r.diagnosis.bug);
+  EXPECT_EQ(r.diagnosis.bug->bug, "rope-position-reset");
+  EXPECT_EQ(r.diagnosis.basis, "replay");
+  EXPECT_NE(r.diagnosis.evidence.find("reproduces the candidate"), std::string::npos);
+  ASSERT_EQ(r.diagnosis.ranked.size(), 2u);
+  EXPECT_TRUE(r.diagnosis.ranked[0].supported_by_replay);
+  EXPECT_FALSE(r.diagnosis.ranked[1].supported());
+  EXPECT_EQ(r.diagnosis.inapplicable.size(), 1u);
+
+  // Renderings carry the same conclusions.
+  nlohmann::json j = bisect_to_json(r);
+  EXPECT_EQ(j["schema"], kBisectSchema);
+  EXPECT_EQ(j["first_divergence"], "step1.positions");
+  EXPECT_TRUE(j["first_local_failure"].is_null());
+  EXPECT_EQ(j["diagnosis"]["bug"], "rope-position-reset");
+  EXPECT_FALSE(j["diagnosis"]["evidence"].get<std::string>().empty());
+  EXPECT_EQ(j["exit_code"], 1);
+  EXPECT_EQ(j["diagnosis"]["hypotheses"].size(), 2u);
+  std::string table = render_bisect_table(r);
+  EXPECT_NE(table.find("first divergence      step1.positions"), std::string::npos);
+  EXPECT_NE(table.find("rope-position-reset (evidence: replay)"), std::string::npos);
+  std::string md = render_bisect_markdown(r);
+  EXPECT_NE(md.find("# llmdiff bisection report"), std::string::npos);
+  EXPECT_NE(md.find("**Localised at `step1.positions`**"), std::string::npos);
+}
+
+TEST(Diagnose, WhenNothingFitsTheBugIsNullAndTheNumbersAreShown) {
+  auto ref = toy_dump(false, false, false, 1.0f);
+  auto cand = toy_dump(false, false, false, 1.0f);
+  cand->put(float_tensor("step0.final_norm", {3, 2}, {9, 9, 9, 9, 9, 9}));  // no hypothesis makes this
+  TableReference reference;
+  reference.runs[ComputeDType::Float32] = ref;
+  reference.runs[ComputeDType::Float64] = ref;
+  TableRunner runner;
+  runner.runs[""] = ref;
+  runner.runs["mask-square"] = toy_dump(false, true, false, 1.0f);
+  BisectResult r = bisect(*cand, reference, nullptr, &runner, BisectOptions{});
+  EXPECT_EQ(r.first_divergence().value_or(""), "step0.final_norm");
+  EXPECT_FALSE(r.diagnosis.bug);
+  EXPECT_NE(r.diagnosis.evidence.find("no hypothesis of the bug zoo fits"), std::string::npos);
+  EXPECT_NE(r.diagnosis.evidence.find("replay with mask-square"), std::string::npos);
+  nlohmann::json j = bisect_to_json(r);
+  EXPECT_TRUE(j["diagnosis"]["bug"].is_null());
+  EXPECT_EQ(j["first_divergence"], "step0.final_norm");
+}
+
+TEST(Diagnose, AnIdenticalCandidateNeedsNoDiagnosis) {
+  auto ref = toy_dump(false, false, false, 1.0f);
+  TableReference reference;
+  reference.runs[ComputeDType::Float32] = ref;
+  reference.runs[ComputeDType::Float64] = ref;
+  TableRunner runner;
+  runner.runs[""] = ref;
+  BisectResult r = bisect(*toy_dump(false, false, false, 1.0f), reference, nullptr, &runner, BisectOptions{});
+  EXPECT_TRUE(r.ok());
+  EXPECT_EQ(r.exit_code(), 0);
+  EXPECT_FALSE(r.diagnosis.needed);
+  EXPECT_FALSE(r.diagnosis.bug);
+  nlohmann::json j = bisect_to_json(r);
+  EXPECT_TRUE(j["first_divergence"].is_null());
+  EXPECT_TRUE(j["diagnosis"]["bug"].is_null());
+  EXPECT_EQ(j["ok"], true);
+}
+
+TEST(Diagnose, CandidateDtypeComesFromTheManifest) {
+  MemoryDump d;
+  std::string src;
+  EXPECT_EQ(candidate_dtype(d, &src), ComputeDType::Float32);
+  EXPECT_NE(src.find("default"), std::string::npos);
+  d.mutable_manifest().dtype = "bfloat16";
+  EXPECT_EQ(candidate_dtype(d, &src), ComputeDType::BFloat16);
+  EXPECT_EQ(src, "manifest");
+}
