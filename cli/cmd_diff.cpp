@@ -4,12 +4,11 @@
 // metrics against tolerances, names only one side holds, the first
 // divergence, the per-layer error trace and greedy-token agreement.
 // Exit 0 within tolerance, 1 divergence (or nothing in common), 2 bad input.
-#include <fmt/core.h>
-
 #include <cstdio>
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/common.h"
 #include "compare/compare.h"
 #include "compare/report.h"
 #include "dumps/config.h"
@@ -48,10 +47,7 @@ int run_diff(const DiffOptions& o) {
     to.all = o.all;
     std::fputs(compare::render_diff_table(r, to).c_str(), stdout);
   }
-  if (!o.report.empty()) {
-    compare::write_text_atomic(o.report, compare::render_diff_markdown(r));
-    fmt::print(o.json ? stderr : stdout, "wrote report {}\n", o.report);
-  }
+  if (!o.report.empty()) write_side_output(o.report, compare::render_diff_markdown(r), "report", o.json);
   std::fflush(stdout);
   return r.ok() ? 0 : 1;
 }

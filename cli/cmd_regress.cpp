@@ -100,10 +100,7 @@ int run_regress(const RegressOptions& o) {
     std::fputs(compare::render_regress_json(report).c_str(), stdout);
   else
     std::fputs(compare::render_regress_table(report, o.verbose).c_str(), stdout);
-  if (!o.junit.empty()) {
-    compare::write_text_atomic(o.junit, compare::render_regress_junit(report));
-    fmt::print(o.json ? stderr : stdout, "wrote JUnit XML {}\n", o.junit);
-  }
+  if (!o.junit.empty()) write_side_output(o.junit, compare::render_regress_junit(report), "JUnit XML", o.json);
   std::fflush(stdout);
   return report.ok() ? 0 : 1;
 }

@@ -1,7 +1,10 @@
 #include "cli/common.h"
 
+#include <fmt/core.h>
+
 #include <thread>
 
+#include "compare/report.h"
 #include "dumps/errors.h"
 #include "impl/impl_engine.h"
 #include "ref/ref_engine.h"
@@ -86,6 +89,11 @@ Scenario scenario_from_options(const std::string& tokens, const std::string& rep
   return make_scenario(parse_int_list(tokens, "--tokens"), chunks.empty() ? std::vector<int64_t>{}
                                                                           : parse_int_list(chunks, "--chunks"),
                        decode);
+}
+
+void write_side_output(const std::string& path, const std::string& text, const std::string& what, bool json) {
+  compare::write_text_atomic(path, text);
+  fmt::print(json ? stderr : stdout, "wrote {} {}\n", what, path);
 }
 
 std::string dir_name(const std::string& path) {

@@ -35,6 +35,11 @@ Manifest make_manifest(const Engine& engine, const Model& model, const std::stri
 Scenario scenario_from_options(const std::string& tokens, const std::string& replay, const std::string& chunks,
                                int decode);
 
+// Writes a side output of a command (a Markdown report, JUnit XML) to `path`
+// atomically and says "wrote WHAT PATH": on stderr when stdout carries JSON,
+// else on stdout.
+void write_side_output(const std::string& path, const std::string& text, const std::string& what, bool json);
+
 // Basename of a directory path ("a/b/" -> "b").
 std::string dir_name(const std::string& path);
 

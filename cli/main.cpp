@@ -9,16 +9,8 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"llmdiff: layer-by-layer diffs of LLM inference against HuggingFace transformers"};
-  app.require_subcommand(1);
   llmdiff::cli::Action action;
-  llmdiff::cli::setup_inspect(app, action);
-  llmdiff::cli::setup_dump(app, action);
-  llmdiff::cli::setup_diff(app, action);
-  llmdiff::cli::setup_regress(app, action);
-  llmdiff::cli::setup_run(app, action);
-  llmdiff::cli::setup_bisect(app, action);
-  llmdiff::cli::setup_synth(app, action);
-  llmdiff::cli::setup_bench(app, action);
+  llmdiff::cli::setup_commands(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -19,6 +19,7 @@
 #include "impl/impl_engine.h"
 #include "ref/ops.h"
 #include "ref/ref_engine.h"
+#include "ref/weights.h"
 
 namespace llmdiff::cli {
 
@@ -171,24 +172,6 @@ std::string ImplHypothesisRunner::description(const std::string& bug) const {
 
 namespace {
 
-torch::ScalarType stored_dtype(const WeightView& w) {
-  switch (w.dtype) {
-    case DType::F32: return torch::kFloat;
-    case DType::BF16: return torch::kBFloat16;
-    case DType::F16: return torch::kHalf;
-    default:
-      throw FormatError(w.file, w.name, std::string("unsupported weight dtype ") + dtype_name(w.dtype));
-  }
-}
-
-// A weight converted to `st` (a copy), undefined when absent.
-torch::Tensor weight_tensor(const WeightView& w, torch::ScalarType st) {
-  if (!w) return {};
-  torch::Tensor t =
-      torch::from_blob(const_cast<void*>(w.data), w.shape, torch::TensorOptions().dtype(stored_dtype(w)));
-  return t.to(st, /*non_blocking=*/false, /*copy=*/true);
-}
-
 double finfo_min(torch::ScalarType st) {
   switch (st) {
     case torch::kDouble: return std::numeric_limits<double>::lowest();
@@ -198,80 +181,14 @@ double finfo_min(torch::ScalarType st) {
   }
 }
 
-}  // namespace
-
-struct RefLocalOracle::Weights {
-  struct Layer {
-    torch::Tensor input_norm, post_attn_norm, q, k, v, o, q_bias, k_bias, v_bias, o_bias, q_norm, k_norm, gate, up,
-        down;
-  };
-  torch::ScalarType st = torch::kFloat;
-  torch::Tensor embed, final_norm, lm_head;
-  std::vector<Layer> layers;
-
-  Weights(const ModelWeights& w, torch::ScalarType dtype) : st(dtype) {
-    torch::NoGradGuard no_grad;
-    embed = weight_tensor(w.embed, st);
-    final_norm = weight_tensor(w.final_norm, st);
-    lm_head = (w.lm_head_tied || w.lm_head.data == w.embed.data) ? embed : weight_tensor(w.lm_head, st);
-    for (const LayerWeights& lw : w.layers) {
-      Layer L;
-      L.input_norm = weight_tensor(lw.input_norm, st);
-      L.post_attn_norm = weight_tensor(lw.post_attn_norm, st);
-      L.q = weight_tensor(lw.q, st);
-      L.k = weight_tensor(lw.k, st);
-      L.v = weight_tensor(lw.v, st);
-      L.o = weight_tensor(lw.o, st);
-      L.q_bias = weight_tensor(lw.q_bias, st);
-      L.k_bias = weight_tensor(lw.k_bias, st);
-      L.v_bias = weight_tensor(lw.v_bias, st);
-      L.o_bias = weight_tensor(lw.o_bias, st);
-      L.q_norm = weight_tensor(lw.q_norm, st);
-      L.k_norm = weight_tensor(lw.k_norm, st);
-      L.gate = weight_tensor(lw.gate, st);
-      L.up = weight_tensor(lw.up, st);
-      L.down = weight_tensor(lw.down, st);
-      layers.push_back(std::move(L));
-    }
-  }
-};
-
-namespace {
-
-// How a bug hypothesis changes the reference ops (all false: the reference).
-struct Variant {
-  bool rope_interleaved = false, position_reset = false, repeat_kv_tile = false, mask_square = false,
-       mask_missing = false, kv_overwrite = false, last_token_first = false, qk_norm_after_rope = false,
-       softmax_scale_dh = false, gate_up_swap = false, lm_head_embed = false;
-};
-
-// The hypothesis as the impl's bug zoo defines it: config-level changes go to
-// `cfg`, the rest to the Variant. Throws UsageError for an unknown or
-// inapplicable bug.
-Variant variant_of(const compare::Hypothesis& h, ModelConfig& cfg) {
+// How a bug hypothesis changes the reference ops, as the impl's bug zoo
+// defines it: config-level changes go to `cfg`, the rest to the Faults (all
+// false: the reference). Throws UsageError for an unknown or inapplicable bug.
+impl::Faults variant_of(const compare::Hypothesis& h, ModelConfig& cfg) {
   impl::BugSpec spec = impl::parse_bug(h.bug);
   spec.value = h.value;
   impl::check_bugs({spec}, cfg);
-  Variant v;
-  using impl::Bug;
-  switch (spec.bug) {
-    case Bug::RopeInterleaved: v.rope_interleaved = true; break;
-    case Bug::RopeTheta: cfg.rope_theta = impl::bug_value(spec, cfg); break;
-    case Bug::RopeScalingIgnored: cfg.rope_scaling = RopeScaling{}; break;
-    case Bug::RopePositionReset: v.position_reset = true; break;
-    case Bug::RepeatKvTile: v.repeat_kv_tile = true; break;
-    case Bug::MaskSquare: v.mask_square = true; break;
-    case Bug::MaskMissing: v.mask_missing = true; break;
-    case Bug::KvOverwrite: v.kv_overwrite = true; break;
-    case Bug::LastTokenFirst: v.last_token_first = true; break;
-    case Bug::RmsnormEps: cfg.rms_norm_eps = impl::bug_value(spec, cfg); break;
-    case Bug::MissingBias: cfg.qkv_bias = false; break;
-    case Bug::QkNormAfterRope: v.qk_norm_after_rope = true; break;
-    case Bug::SoftmaxScale: v.softmax_scale_dh = true; break;
-    case Bug::GateUpSwap: v.gate_up_swap = true; break;
-    case Bug::LmHead: v.lm_head_embed = true; break;
-  }
-  return v;
+  return impl::apply_bugs({spec}, cfg);
 }
 
 // RoPE with adjacent pairs (2i, 2i+1) rotated at frequency i: x [H, T, Dh],
@@ -301,7 +218,7 @@ int64_t argmax_row(const torch::Tensor& row) {
 // where the dump holds them and recomputes them (memoised) where it does not.
 class Recompute {
  public:
-  Recompute(ModelConfig cfg, const RefLocalOracle::Weights& w, const TensorSource& dump,
+  Recompute(ModelConfig cfg, const ref::RefWeights& w, const TensorSource& dump,
             const compare::Hypothesis* h)
       : cfg_(std::move(cfg)), w_(w), dump_(dump), st_(w.st) {
     if (h) var_ = variant_of(*h, cfg_);
@@ -591,10 +508,10 @@ class Recompute {
   }
 
   ModelConfig cfg_;
-  const RefLocalOracle::Weights& w_;
+  const ref::RefWeights& w_;
   const TensorSource& dump_;
   torch::ScalarType st_, rope_dtype_ = torch::kFloat;
-  Variant var_;
+  impl::Faults var_;
   std::vector<std::vector<int64_t>> tokens_;
   std::vector<int64_t> past_;
   int first_generating_ = 0;
@@ -610,9 +527,9 @@ class Recompute {
 RefLocalOracle::RefLocalOracle(const Model& model) : model_(model) {}
 RefLocalOracle::~RefLocalOracle() = default;
 
-const RefLocalOracle::Weights& RefLocalOracle::weights(ComputeDType dtype) const {
+const ref::RefWeights& RefLocalOracle::weights(ComputeDType dtype) const {
   auto& w = weights_[dtype];
-  if (!w) w = std::make_unique<Weights>(*model_.weights, ops::torch_dtype(dtype));
+  if (!w) w = std::make_unique<ref::RefWeights>(*model_.weights, ops::torch_dtype(dtype));
   return *w;
 }
 

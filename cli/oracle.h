@@ -18,6 +18,10 @@
 #include "dumps/engine.h"
 #include "dumps/weights.h"
 
+namespace llmdiff::ref {
+struct RefWeights;  // ref/weights.h
+}
+
 namespace llmdiff::cli {
 
 class RefRunner : public compare::ReferenceRunner {
@@ -44,12 +48,11 @@ class RefLocalOracle : public compare::LocalOracle {
                                                  const compare::Hypothesis* h = nullptr) const override;
   bool supports(const compare::Hypothesis& h) const override;
 
-  struct Weights;  // the checkpoint as tensors of one dtype (cli/oracle.cpp)
-
  private:
-  const Weights& weights(ComputeDType dtype) const;
+  // The checkpoint as tensors of one dtype, the ref engine's own (built on first use).
+  const ref::RefWeights& weights(ComputeDType dtype) const;
   const Model& model_;
-  mutable std::map<ComputeDType, std::unique_ptr<Weights>> weights_;
+  mutable std::map<ComputeDType, std::unique_ptr<ref::RefWeights>> weights_;
 };
 
 class ImplHypothesisRunner : public compare::HypothesisRunner {

@@ -14,23 +14,9 @@ namespace llmdiff::compare {
 namespace {
 using nlohmann::json;
 
-json num(double v) {
-  if (std::isfinite(v)) return v;
-  return fmt_num(v);
-}
-
 json opt_str(const std::optional<std::string>& s) { return s ? json(*s) : json(nullptr); }
 
 std::string pad(const std::string& s, size_t w) { return s.size() >= w ? s + " " : s + std::string(w - s.size(), ' '); }
-
-std::string short_num(double v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  if (v == 0) return "0";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2e", v);
-  return buf;
-}
 
 std::string steps_text(const Scenario& sc) {
   std::string t;
@@ -57,18 +43,19 @@ std::string divergence_text(const TensorComparison& t) {
            std::to_string(t.ints.cand_value) + " where the reference has " + std::to_string(t.ints.ref_value) + ")";
   }
   if (t.judgement.metric == "rmse vs float64")
-    s = "rmse vs float64 " + short_num(t.judgement.value) + " > threshold " + short_num(t.judgement.threshold);
+    s = "rmse vs float64 " + fmt_num(t.judgement.value, 2) + " > threshold " + fmt_num(t.judgement.threshold, 2);
   else
-    s = t.judgement.metric + " " + short_num(t.judgement.value) + " > " + short_num(t.judgement.threshold);
-  s += " (max err " + short_num(t.metrics.max_abs) + ", nmse " + short_num(t.metrics.nmse) + ")";
+    s = t.judgement.metric + " " + fmt_num(t.judgement.value, 2) + " > " + fmt_num(t.judgement.threshold, 2);
+  s += " (max err " + fmt_num(t.metrics.max_abs, 2) + ", nmse " + fmt_num(t.metrics.nmse, 2) + ")";
   return s;
 }
 
 std::string local_text(const LocalSite& s) {
   if (!s.shape_match) return s.note;
   if (s.is_int) return s.note.empty() ? "exact" : s.note;
-  std::string t = "local rmse " + short_num(s.noise.cand_rmse) + (s.pass ? " <= " : " > ") + short_num(s.noise.threshold()) +
-                  " (reference's local rmse " + short_num(s.noise.ref_rmse) + "), max err " + short_num(s.max_abs);
+  std::string t = "local rmse " + fmt_num(s.noise.cand_rmse, 2) + (s.pass ? " <= " : " > ") +
+                  fmt_num(s.noise.threshold(), 2) + " (reference's local rmse " + fmt_num(s.noise.ref_rmse, 2) +
+                  "), max err " + fmt_num(s.max_abs, 2);
   return t;
 }
 
@@ -87,7 +74,7 @@ json hypothesis_json(const HypothesisEvidence& e) {
             {"value", e.hypothesis.value ? json(*e.hypothesis.value) : json(nullptr)},
             {"supported", e.supported()},
             {"supported_by", json::array()},
-            {"score", num(e.score)},
+            {"score", json_num(e.score)},
             {"replay", nullptr},
             {"local", nullptr},
             {"summary", e.summary}};
@@ -99,8 +86,8 @@ json hypothesis_json(const HypothesisEvidence& e) {
                    {"diverging_compared", e.failing_compared},
                    {"diverging_agree", e.failing_agree},
                    {"focus_agree", e.replay_focus_agree},
-                   {"focus_rmse", num(e.replay_focus_rmse)},
-                   {"focus_threshold", num(e.replay_focus_threshold)},
+                   {"focus_rmse", json_num(e.replay_focus_rmse)},
+                   {"focus_threshold", json_num(e.replay_focus_threshold)},
                    {"first_disagreement", e.replay_first_disagreement.empty() ? json(nullptr)
                                                                               : json(e.replay_first_disagreement)}};
   if (e.local_tested)
@@ -108,8 +95,8 @@ json hypothesis_json(const HypothesisEvidence& e) {
                   {"fixed", e.local_fixed},
                   {"new", e.local_new},
                   {"focus_pass", e.local_focus_pass},
-                  {"focus_max_abs", num(e.local_focus_max_abs)},
-                  {"focus_rmse", num(e.local_focus_rmse)}};
+                  {"focus_max_abs", json_num(e.local_focus_max_abs)},
+                  {"focus_rmse", json_num(e.local_focus_rmse)}};
   return j;
 }
 
@@ -121,11 +108,11 @@ json local_site_json(const LocalSite& s) {
           {"shape_match", s.shape_match},
           {"cand_shape", json(s.cand_shape)},
           {"local_shape", json(s.local_shape)},
-          {"rmse", num(s.noise.cand_rmse)},
-          {"ref_rmse", s.has_ref_noise ? num(s.noise.ref_rmse) : json(nullptr)},
-          {"threshold", num(s.noise.threshold())},
-          {"max_abs", num(s.max_abs)},
-          {"nmse", num(s.nmse)},
+          {"rmse", json_num(s.noise.cand_rmse)},
+          {"ref_rmse", s.has_ref_noise ? json_num(s.noise.ref_rmse) : json(nullptr)},
+          {"threshold", json_num(s.noise.threshold())},
+          {"max_abs", json_num(s.max_abs)},
+          {"nmse", json_num(s.nmse)},
           {"int_mismatches", s.int_mismatches},
           {"note", s.note}};
 }
@@ -247,9 +234,9 @@ std::string render_bisect_table(const BisectResult& r, const BisectTableOptions&
         o += "  " + pad(s.name, 36) + s.note + verdict + "\n";
         continue;
       }
-      o += "  " + pad(s.name, 36) + pad(short_num(s.noise.cand_rmse), 11) +
-           pad(s.has_ref_noise ? short_num(s.noise.ref_rmse) : "-", 11) + pad(short_num(s.noise.threshold()), 11) +
-           pad(short_num(s.max_abs), 11) + s.source + verdict + "\n";
+      o += "  " + pad(s.name, 36) + pad(fmt_num(s.noise.cand_rmse, 2), 11) +
+           pad(s.has_ref_noise ? fmt_num(s.noise.ref_rmse, 2) : "-", 11) + pad(fmt_num(s.noise.threshold(), 2), 11) +
+           pad(fmt_num(s.max_abs, 2), 11) + s.source + verdict + "\n";
     }
   }
 
@@ -275,7 +262,7 @@ std::string render_bisect_table(const BisectResult& r, const BisectTableOptions&
         o += "    " + pad(e.hypothesis.str(), 24) +
              pad(e.replayed ? ratio(e.replay_agree, e.replay_compared) : "-", 14) +
              pad(e.replayed ? ratio(e.failing_agree, e.failing_compared) : "-", 11) +
-             pad(e.replayed ? short_num(e.replay_focus_rmse) : "-", 11) +
+             pad(e.replayed ? fmt_num(e.replay_focus_rmse, 2) : "-", 11) +
              pad(e.local_tested ? std::to_string(e.local_failures) + " (" + std::to_string(e.local_fixed) + "/" +
                                       std::to_string(e.local_new) + ")"
                                 : "-",
@@ -364,7 +351,7 @@ std::string render_bisect_markdown(const BisectResult& r) {
         if (shown++ == 10) break;
         o += "| " + code(e.hypothesis.str()) + " | " + (e.replayed ? ratio(e.replay_agree, e.replay_compared) : "-") +
              " | " + (e.replayed ? ratio(e.failing_agree, e.failing_compared) : "-") + " | " +
-             (e.replayed ? short_num(e.replay_focus_rmse) : "-") + " | " +
+             (e.replayed ? fmt_num(e.replay_focus_rmse, 2) : "-") + " | " +
              (e.local_tested ? std::to_string(e.local_failures) + " (" + std::to_string(e.local_fixed) + "/" +
                                    std::to_string(e.local_new) + ")"
                              : "-") +
@@ -387,9 +374,10 @@ std::string render_bisect_markdown(const BisectResult& r) {
     for (const auto& s : r.local.sites) {
       if (s.pass) continue;
       if (shown++ == 50) break;
-      o += "| " + code(s.name) + " | " + (s.shape_match && !s.is_int ? short_num(s.noise.cand_rmse) : md_escape(s.note)) +
-           " | " + (s.has_ref_noise ? short_num(s.noise.ref_rmse) : "-") + " | " + short_num(s.noise.threshold()) +
-           " | " + short_num(s.max_abs) + " | " + md_escape(s.source) + " |\n";
+      o += "| " + code(s.name) + " | " +
+           (s.shape_match && !s.is_int ? fmt_num(s.noise.cand_rmse, 2) : md_escape(s.note)) + " | " +
+           (s.has_ref_noise ? fmt_num(s.noise.ref_rmse, 2) : "-") + " | " + fmt_num(s.noise.threshold(), 2) + " | " +
+           fmt_num(s.max_abs, 2) + " | " + md_escape(s.source) + " |\n";
     }
     o += "\n";
   }

@@ -2,12 +2,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <limits>
 #include <map>
 #include <set>
 #include <tuple>
+#include <typeinfo>
 
+#include "compare/parallel.h"
 #include "dumps/config.h"
 #include "dumps/errors.h"
 
@@ -16,8 +19,8 @@ namespace llmdiff::compare {
 namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// Integer values widened to float.
 std::vector<float> as_float(const TensorData& t) {
-  if (!t.is_int) return t.f;
   std::vector<float> out(t.i.size());
   for (size_t k = 0; k < t.i.size(); ++k) out[k] = float(t.i[k]);
   return out;
@@ -34,15 +37,19 @@ std::string nonfinite_words(const NonFiniteCounts& c, const Shape& shape) {
 bool is_logits_site(const CanonName& c) {
   return (c.kind == CanonName::Kind::Step) && (c.site == "logits" || c.site == "next_logits");
 }
-}  // namespace
 
-Judgement AllcloseCriterion::judge(const TensorData&, const TensorData&, const TensorComparison& cmp) const {
+Judgement allclose_judgement(const TensorComparison& cmp) {
   Judgement j;
   j.pass = cmp.allclose.pass();
   j.metric = "allclose ratio";
   j.value = cmp.allclose.worst_ratio;
   j.threshold = 1.0;
   return j;
+}
+}  // namespace
+
+Judgement AllcloseCriterion::judge(const TensorData&, const TensorData&, const TensorComparison& cmp) const {
+  return allclose_judgement(cmp);
 }
 
 double TensorComparison::max_abs() const {
@@ -79,22 +86,92 @@ const TensorComparison* DiffResult::find(const std::string& name) const {
   return nullptr;
 }
 
+namespace {
+// The fields every comparison starts with.
+TensorComparison start_comparison(const std::string& name, const Shape& ref_shape, const Shape& cand_shape,
+                                  DType ref_stored, DType cand_stored, bool ref_int, bool cand_int,
+                                  const PairContext& ctx) {
+  TensorComparison c;
+  c.name = name;
+  c.parsed = parse_name(c.name);
+  c.ref_shape = ref_shape;
+  c.cand_shape = cand_shape;
+  c.ref_stored = ref_stored;
+  c.cand_stored = cand_stored;
+  c.tolerance = ctx.tolerance;
+  c.tolerance_source = ctx.tolerance_source;
+  c.is_int = ref_int && cand_int;
+  if (ref_int != cand_int)
+    c.notes.push_back(std::string("reference stores ") + dtype_name(ref_stored) + ", candidate stores " +
+                      dtype_name(cand_stored) + "; compared as floats");
+  return c;
+}
+
+// Metrics, allclose, logits metrics and non-finite notes of a float pair of equal shapes.
+void measure_floats(TensorComparison& c, const float* rf, const float* cf, const Shape& shape, const PairContext& ctx) {
+  const int64_t n = numel(shape);
+  PairMetrics pm = pair_metrics(rf, cf, n, ctx.dtype, ctx.tolerance, ctx.pool);
+  c.metrics = pm.metrics;
+  c.allclose = pm.allclose;
+  if (is_logits_site(c.parsed) && !shape.empty()) {
+    int64_t cols = shape.back();
+    c.logits = logits_metrics(rf, cf, cols > 0 ? n / cols : 0, cols, ctx.pool);
+  }
+  if (c.metrics.cand_nonfinite.total())
+    c.notes.push_back("candidate has " + nonfinite_words(c.metrics.cand_nonfinite, shape));
+  if (c.metrics.ref_nonfinite.total())
+    c.notes.push_back("reference has " + nonfinite_words(c.metrics.ref_nonfinite, shape));
+  if (c.metrics.nonfinite_mismatch)
+    c.notes.push_back(std::to_string(c.metrics.nonfinite_mismatch) + " positions are non-finite on one side only (first at " +
+                      index_str(unravel(c.metrics.first_nonfinite_mismatch, shape)) + ")");
+}
+
+// The verdict from the criterion's judgement, then layout findings for a
+// pair outside tolerance.
+void conclude_floats(TensorComparison& c, Judgement j, const float* rf, const float* cf, const Shape& shape,
+                     const PairContext& ctx) {
+  c.judgement = std::move(j);
+  c.pass = !c.judgement.judged || c.judgement.pass;
+  if (!c.judgement.note.empty()) c.notes.push_back(c.judgement.note);
+  if (!c.allclose.pass() && ctx.explain_layouts)
+    c.findings = explain_value_mismatch(c.name, rf, cf, shape, ctx.tolerance, ctx.dtype, ctx.layout, ctx.pool);
+}
+
+// Float32 values a source holds in place (no copy): a MemoryDump's tensor or
+// the F32 bytes of a DumpFile; null data otherwise (integers, other dtypes).
+struct InPlace {
+  const float* data = nullptr;
+  Shape shape;
+  DType stored = DType::F32;
+};
+InPlace in_place(const TensorSource& src, const std::string& name) {
+  InPlace v;
+  if (const auto* mem = dynamic_cast<const MemoryDump*>(&src)) {
+    const TensorData* t = mem->find(name);
+    if (t && !t->is_int && int64_t(t->f.size()) == t->numel()) {
+      v.data = t->f.data();
+      v.shape = t->shape;
+      v.stored = t->stored;
+    }
+  } else if (const auto* file = dynamic_cast<const DumpFile*>(&src)) {
+    const TensorInfo* info = file->file().find(name);
+    if (info && info->dtype == DType::F32) {
+      const void* p = file->file().data(*info);
+      if (reinterpret_cast<uintptr_t>(p) % alignof(float) == 0) {
+        v.data = static_cast<const float*>(p);
+        v.shape = info->shape;
+      }
+    }
+  }
+  return v;
+}
+}  // namespace
+
 TensorComparison compare_tensors(const TensorData& ref, const TensorData& cand, const PairContext& ctx) {
   static const AllcloseCriterion kAllclose;
   const Criterion& criterion = ctx.criterion ? *ctx.criterion : kAllclose;
-  TensorComparison c;
-  c.name = ref.name.empty() ? cand.name : ref.name;
-  c.parsed = parse_name(c.name);
-  c.ref_shape = ref.shape;
-  c.cand_shape = cand.shape;
-  c.ref_stored = ref.stored;
-  c.cand_stored = cand.stored;
-  c.tolerance = ctx.tolerance;
-  c.tolerance_source = ctx.tolerance_source;
-  c.is_int = ref.is_int && cand.is_int;
-  if (ref.is_int != cand.is_int)
-    c.notes.push_back(std::string("reference stores ") + dtype_name(ref.stored) + ", candidate stores " +
-                      dtype_name(cand.stored) + "; compared as floats");
+  TensorComparison c = start_comparison(ref.name.empty() ? cand.name : ref.name, ref.shape, cand.shape, ref.stored,
+                                        cand.stored, ref.is_int, cand.is_int, ctx);
 
   if (ref.shape != cand.shape) {
     c.shape_match = false;
@@ -126,43 +203,25 @@ TensorComparison compare_tensors(const TensorData& ref, const TensorData& cand, 
     return c;
   }
 
-  std::vector<float> rf = as_float(ref), cf = as_float(cand);
-  const int64_t n = ref.numel();
-  c.metrics = float_metrics(rf.data(), cf.data(), n, ctx.dtype);
-  c.allclose = allclose(rf.data(), cf.data(), n, ctx.tolerance);
-  if (is_logits_site(c.parsed) && !ref.shape.empty()) {
-    int64_t cols = ref.shape.back();
-    c.logits = logits_metrics(rf.data(), cf.data(), cols > 0 ? n / cols : 0, cols);
-  }
-  if (c.metrics.cand_nonfinite.total())
-    c.notes.push_back("candidate has " + nonfinite_words(c.metrics.cand_nonfinite, ref.shape));
-  if (c.metrics.ref_nonfinite.total())
-    c.notes.push_back("reference has " + nonfinite_words(c.metrics.ref_nonfinite, ref.shape));
-  if (c.metrics.nonfinite_mismatch)
-    c.notes.push_back(std::to_string(c.metrics.nonfinite_mismatch) + " positions are non-finite on one side only (first at " +
-                      index_str(unravel(c.metrics.first_nonfinite_mismatch, ref.shape)) + ")");
-
-  // The criterion sees the raw values as floats.
+  // The criterion sees the raw values as floats: an integer side is widened
+  // into a float copy, a float side is used as it is.
   TensorData rview, cview;
   const TensorData* rp = &ref;
   const TensorData* cp = &cand;
   if (ref.is_int) {
     rview = ref;
     rview.is_int = false;
-    rview.f = rf;
+    rview.f = as_float(ref);
     rp = &rview;
   }
   if (cand.is_int) {
     cview = cand;
     cview.is_int = false;
-    cview.f = cf;
+    cview.f = as_float(cand);
     cp = &cview;
   }
-  c.judgement = criterion.judge(*rp, *cp, c);
-  c.pass = !c.judgement.judged || c.judgement.pass;
-  if (!c.judgement.note.empty()) c.notes.push_back(c.judgement.note);
-  if (!c.allclose.pass() && ctx.explain_layouts)
-    c.findings = explain_value_mismatch(c.name, *rp, *cp, ctx.tolerance, ctx.dtype, ctx.layout);
+  measure_floats(c, rp->f.data(), cp->f.data(), ref.shape, ctx);
+  conclude_floats(c, criterion.judge(*rp, *cp, c), rp->f.data(), cp->f.data(), ref.shape, ctx);
   return c;
 }
 
@@ -230,9 +289,10 @@ std::vector<LayerTrace> build_layer_trace(const std::vector<TensorComparison>& t
   return out;
 }
 
-GreedyAgreement greedy_agreement(const TensorSource& ref, const TensorSource& cand) {
+namespace {
+// greedy_agreement over steps 0 .. steps-1.
+GreedyAgreement greedy_over_steps(const TensorSource& ref, const TensorSource& cand, int steps) {
   GreedyAgreement g;
-  int steps = std::max(ref.num_steps(), cand.num_steps());
   for (int s = 0; s < steps; ++s) {
     std::string name = step_name(s, "next_logits");
     if (!ref.has(name) || !cand.has(name)) continue;
@@ -259,14 +319,30 @@ GreedyAgreement greedy_agreement(const TensorSource& ref, const TensorSource& ca
   }
   return g;
 }
+}  // namespace
+
+GreedyAgreement greedy_agreement(const TensorSource& ref, const TensorSource& cand) {
+  return greedy_over_steps(ref, cand, std::max(ref.num_steps(), cand.num_steps()));
+}
 
 namespace {
-SideSummary summarize(const TensorSource& s) {
+// TensorSource::num_steps() of a source whose names() are `names` (listing
+// and ordering the names of a large dump is not free, so it is done once).
+int num_steps(const TensorSource& s, const std::vector<std::string>& names) {
+  int steps = 0;
+  for (const auto& n : names) {
+    const int step = parse_name(n).step;
+    if (step >= 0) steps = std::max(steps, step + 1);
+  }
+  return std::max(steps, s.manifest().steps);
+}
+
+SideSummary summarize(const TensorSource& s, const std::vector<std::string>& names) {
   SideSummary out;
   out.label = s.label();
   out.manifest = s.manifest();
-  out.steps = s.num_steps();
-  out.tensors = s.names().size();
+  out.steps = num_steps(s, names);
+  out.tensors = names.size();
   return out;
 }
 
@@ -311,8 +387,9 @@ void manifest_notes(const TensorSource& ref, const TensorSource& cand, DiffResul
 
 DiffResult compare_dumps(const TensorSource& ref, const TensorSource& cand, const CompareOptions& opt) {
   DiffResult r;
-  r.ref = summarize(ref);
-  r.cand = summarize(cand);
+  const std::vector<std::string> ref_names = ref.names(), cand_names = cand.names();
+  r.ref = summarize(ref, ref_names);
+  r.cand = summarize(cand, cand_names);
   r.dtype = diff_dtype(ref, cand, opt, &r.dtype_source);
   TolerancePolicy policy(r.dtype, opt.rtol, opt.atol, opt.overrides);
   r.base_tolerance = policy.base();
@@ -321,22 +398,43 @@ DiffResult compare_dumps(const TensorSource& ref, const TensorSource& cand, cons
   std::shared_ptr<const Criterion> criterion = opt.criterion;
   if (!criterion) criterion = std::make_shared<AllcloseCriterion>();
   r.criterion = criterion->name();
+  const bool plain_allclose = typeid(*criterion) == typeid(AllcloseCriterion);
   manifest_notes(ref, cand, r);
 
+  ThreadPool pool(opt.threads);
   PairContext pc;
+  pc.pool = &pool;
   pc.dtype = r.dtype;
   pc.layout = layout_context(ref.manifest(), cand.manifest());
   pc.criterion = criterion.get();
   pc.explain_layouts = opt.explain_layouts;
 
-  std::vector<std::string> names = ref.names();
-  {
-    std::vector<std::string> b = cand.names();
+  // Both lists come in canonical order; the union needs sorting only when
+  // the candidate adds names.
+  std::vector<std::string> names = ref_names;
+  if (cand_names != ref_names) {
     std::set<std::string> seen(names.begin(), names.end());
-    for (auto& n : b)
+    for (auto& n : cand_names)
       if (!seen.count(n)) names.push_back(n);
   }
-  sort_canonical(names);
+  if (!std::is_sorted(names.begin(), names.end(), NameOrder{})) sort_canonical(names);
+
+  // Pairs of float32 tensors of equal shapes that both sources hold in place
+  // are compared there, without copies, when the criterion is plain allclose
+  // (which reads nothing beyond the metrics): pairs below kSplitNumel
+  // elements several at a time over the pool, larger ones one after the other
+  // with their passes spread over the pool. Everything else (integers, other
+  // stored dtypes, shape mismatches, other criteria) is compared on copies by
+  // compare_tensors, one pair at a time. Each pair's result lands in its
+  // canonical slot, so the order of work never shows.
+  constexpr int64_t kSplitNumel = int64_t(1) << 20;
+  struct Job {
+    std::string name;
+    PairContext ctx;
+    InPlace x, y;  // set: compared in place
+    int64_t cost = 0;
+  };
+  std::vector<Job> jobs;
   for (const auto& name : names) {
     if (!opt.sites.empty() && !any_site_glob_match(opt.sites, name)) continue;
     bool in_ref = ref.has(name), in_cand = cand.has(name);
@@ -348,10 +446,46 @@ DiffResult compare_dumps(const TensorSource& ref, const TensorSource& cand, cons
       r.only_in_cand.push_back(name);
       continue;
     }
-    pc.tolerance = policy.resolve(name, &pc.tolerance_source);
-    TensorData a = ref.get(name), b = cand.get(name);
-    a.name = b.name = name;
-    r.tensors.push_back(compare_tensors(a, b, pc));
+    Job job;
+    job.name = name;
+    job.ctx = pc;
+    job.ctx.tolerance = policy.resolve(name, &job.ctx.tolerance_source);
+    if (plain_allclose) {
+      InPlace x = in_place(ref, name), y = in_place(cand, name);
+      if (x.data && y.data && x.shape == y.shape) {
+        job.x = std::move(x);
+        job.y = std::move(y);
+        // Logits rows cost a softmax per element on top of the metric pass.
+        job.cost = numel(job.x.shape) * (is_logits_site(parse_name(name)) ? 16 : 1);
+      }
+    }
+    jobs.push_back(std::move(job));
+  }
+  auto in_place_comparison = [](const Job& j) {
+    TensorComparison c = start_comparison(j.name, j.x.shape, j.y.shape, j.x.stored, j.y.stored, false, false, j.ctx);
+    measure_floats(c, j.x.data, j.y.data, j.x.shape, j.ctx);
+    conclude_floats(c, allclose_judgement(c), j.x.data, j.y.data, j.x.shape, j.ctx);
+    return c;
+  };
+  r.tensors.resize(jobs.size());
+  std::vector<size_t> small;  // in-place pairs below kSplitNumel, costliest first
+  for (size_t k = 0; k < jobs.size(); ++k)
+    if (jobs[k].x.data && numel(jobs[k].x.shape) < kSplitNumel) small.push_back(k);
+  std::stable_sort(small.begin(), small.end(), [&](size_t a, size_t b) { return jobs[a].cost > jobs[b].cost; });
+  pool.parallel_for(int64_t(small.size()), [&](int64_t t) {
+    Job& j = jobs[small[size_t(t)]];
+    j.ctx.pool = nullptr;  // the pool already runs this pair
+    r.tensors[small[size_t(t)]] = in_place_comparison(j);
+  });
+  for (size_t k = 0; k < jobs.size(); ++k) {
+    const Job& j = jobs[k];
+    if (j.x.data) {
+      if (numel(j.x.shape) >= kSplitNumel) r.tensors[k] = in_place_comparison(j);
+      continue;
+    }
+    TensorData a = ref.get(j.name), b = cand.get(j.name);
+    a.name = b.name = j.name;
+    r.tensors[k] = compare_tensors(a, b, j.ctx);
   }
   for (size_t k = 0; k < r.tensors.size(); ++k)
     if (!r.tensors[k].pass) {
@@ -360,7 +494,7 @@ DiffResult compare_dumps(const TensorSource& ref, const TensorSource& cand, cons
     }
   if (r.tensors.empty()) r.notes.push_back("the dumps have no name in common (after the --sites filter)");
   r.layer_trace = build_layer_trace(r.tensors);
-  r.greedy = greedy_agreement(ref, cand);
+  r.greedy = greedy_over_steps(ref, cand, std::max(r.ref.steps, r.cand.steps));
   return r;
 }
 

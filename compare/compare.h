@@ -54,6 +54,7 @@ struct CompareOptions {
   std::vector<std::string> sites;                 // name globs to compare (with or without "step{N}."); empty = all
   std::shared_ptr<const Criterion> criterion;     // null = AllcloseCriterion
   bool explain_layouts = true;                    // search layout findings for failing names
+  int threads = 0;                                // threads of the metric passes (0: all cores); results do not depend on it
 };
 
 struct TensorComparison {
@@ -152,6 +153,7 @@ struct PairContext {
   LayoutContext layout;
   const Criterion* criterion = nullptr;        // null = AllcloseCriterion
   bool explain_layouts = true;
+  ThreadPool* pool = nullptr;                  // spreads large tensors' metric passes (compare/parallel.h); optional
 };
 TensorComparison compare_tensors(const TensorData& ref, const TensorData& cand, const PairContext& ctx);
 

@@ -36,21 +36,10 @@ std::string num(double v) {
   return buf;
 }
 
-std::string value_text(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", v);
-  return buf;
-}
-
-std::vector<float> floats(const TensorData& t) {
-  if (!t.is_int) return t.f;
-  return std::vector<float>(t.i.begin(), t.i.end());
-}
-
 // Row `row` of a [rows, cols] tensor.
 std::vector<float> row_of(const TensorData& t, int64_t row) {
   const int64_t cols = t.shape.empty() ? 0 : t.shape.back();
-  std::vector<float> f = floats(t);
+  std::vector<float> f = t.floats();
   if (cols <= 0 || (row + 1) * cols > int64_t(f.size())) return {};
   return std::vector<float>(f.begin() + row * cols, f.begin() + (row + 1) * cols);
 }
@@ -100,7 +89,7 @@ Agreement agreement(const TensorData& hyp, const TensorData& cand, const TensorC
     a.rmse = a.agree ? 0.0 : kInf;
     return a;
   }
-  std::vector<float> h = floats(hyp), c = floats(cand);
+  std::vector<float> h = hyp.floats(), c = cand.floats();
   int64_t bad = 0;
   a.rmse = rmse(h.data(), c.data(), int64_t(h.size()), &bad);
   if (bad) {
@@ -124,9 +113,9 @@ Agreement agreement(const TensorData& hyp, const TensorData& cand, const TensorC
 std::string describe_hypothesis(const Hypothesis& h, const HypothesisRunner* runner) {
   if (!h.value) return h.bug;
   std::string what = h.bug == "rope-theta" ? "rope theta" : h.bug == "rmsnorm-eps" ? "rmsnorm eps" : h.bug;
-  std::string s = what + " = " + value_text(*h.value);
+  std::string s = what + " = " + value_str(*h.value);
   if (runner)
-    if (auto c = runner->configured(h.bug)) s += ", config says " + value_text(*c);
+    if (auto c = runner->configured(h.bug)) s += ", config says " + value_str(*c);
   return s;
 }
 
@@ -272,7 +261,7 @@ std::vector<Fingerprint> fingerprints(const TensorSource& cand, const TensorSour
     const int64_t T = int64_t(sc.steps[size_t(s)].size()), P = past[size_t(s)];
     if (m.shape.size() != 2 || m.shape[0] != T) continue;
     const int64_t S = m.shape[1];
-    std::vector<float> f = floats(m);
+    std::vector<float> f = m.floats();
     bool all_ones = std::all_of(f.begin(), f.end(), [](float x) { return x == 1.0f; });
     if (T > 1 && all_ones && S >= T) {
       out.push_back({"mask-missing", name + " allows every key for every query (T = " + std::to_string(T) +
@@ -383,7 +372,7 @@ std::vector<Fingerprint> fingerprints(const TensorSource& cand, const TensorSour
     for (size_t i = 0; i < b.f.size(); ++i) scaled[i] = float(k * b.f[i]);
     const double e = rmse(a.f.data(), scaled.data(), a.numel()), e1 = rmse(a.f.data(), b.f.data(), a.numel());
     if (e * 100 < e1) {
-      std::string what = "the scores are the reference's times " + value_text(k);
+      std::string what = "the scores are the reference's times " + value_str(k);
       if (cfg && cfg->head_dim > 0 && std::fabs(k * std::sqrt(double(cfg->head_dim)) - 1.0) < 1e-3)
         what += " = 1/sqrt(head_dim): scaled by 1/head_dim instead of 1/sqrt(head_dim)";
       out.push_back({"softmax-scale", n + ": " + what + " (rmse after rescaling " + num(e) + ")", true});
@@ -408,7 +397,7 @@ std::vector<Fingerprint> fingerprints(const TensorSource& cand, const TensorSour
     };
     if (cfg->rope_scaling.type != RopeScaling::Type::Default && rel_err(default_inv(cfg->rope_theta)) < 1e-5) {
       out.push_back({"rope-scaling-ignored", std::string("rope.inv_freq equals the unscaled frequencies of theta ") +
-                                                 value_text(cfg->rope_theta) + " (config rope_scaling " +
+                                                 value_str(cfg->rope_theta) + " (config rope_scaling " +
                                                  rope_type_name(cfg->rope_scaling.type) + " ignored)", true});
     } else if (half >= 2) {
       // log inv[j] = -(2j/dim) log theta: least squares over j >= 1.
@@ -434,8 +423,8 @@ std::vector<Fingerprint> fingerprints(const TensorSource& cand, const TensorSour
           }
         }
         if (e < 1e-4 && cfg->rope_scaling.type == RopeScaling::Type::Default)
-          out.push_back({"rope-theta", "rope.inv_freq fits theta = " + value_text(theta) + " (config says " +
-                                           value_text(cfg->rope_theta) + "; max rel err " + num(e) + ")", true, theta});
+          out.push_back({"rope-theta", "rope.inv_freq fits theta = " + value_str(theta) + " (config says " +
+                                           value_str(cfg->rope_theta) + "; max rel err " + num(e) + ")", true, theta});
       }
     }
   }
@@ -599,7 +588,7 @@ double focus_error(const Context& cx, const Hypothesis& h) {
   if (!run->has(cx.global_focus)) return kInf;
   TensorData a = run->get(cx.global_focus), b = cx.in.cand->get(cx.global_focus);
   if (a.shape != b.shape) return kInf;
-  std::vector<float> x = floats(a), y = floats(b);
+  std::vector<float> x = a.floats(), y = b.floats();
   int64_t bad = 0;
   const double e = rmse(x.data(), y.data(), int64_t(x.size()), &bad);
   return bad ? kInf : e;
@@ -698,7 +687,7 @@ Diagnosis diagnose(const DiagnoseInputs& in) {
         TensorData a = clean->get(name), b = cand.get(name);
         double e = kInf;
         if (a.shape == b.shape) {
-          std::vector<float> x = floats(a), y = floats(b);
+          std::vector<float> x = a.floats(), y = b.floats();
           int64_t bad = 0;
           e = rmse(x.data(), y.data(), int64_t(x.size()), &bad);
           if (bad) e = kInf;

@@ -1,6 +1,7 @@
 #include "compare/layout.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <numeric>
 
@@ -42,9 +43,10 @@ std::string error_words(const LayoutFinding& f) {
 }
 
 void evaluate(LayoutFinding& f, const float* ref, const float* cand, int64_t n, const Tolerance& tol,
-              ComputeDType ulp_dtype) {
-  f.metrics = float_metrics(ref, cand, n, ulp_dtype);
-  f.allclose = allclose(ref, cand, n, tol);
+              ComputeDType ulp_dtype, ThreadPool* pool = nullptr) {
+  PairMetrics pm = pair_metrics(ref, cand, n, ulp_dtype, tol, pool);
+  f.metrics = pm.metrics;
+  f.allclose = pm.allclose;
   f.matches = f.allclose.pass();
 }
 
@@ -132,18 +134,78 @@ std::string describe_layout(const LayoutFinding& f, const Shape& ref_shape, cons
   return s + " (" + error_words(f) + ")";
 }
 
+// Where element o of the transformed candidate comes from: the candidate
+// viewed as `cv`, permuted by `perm` (giving shape `rv`), then re-paired in
+// blocks of `head_dim` ("" = no re-pairing), as permute_axes and rope_repair
+// would move it.
+class TransformIndex {
+ public:
+  TransformIndex(const Shape& cv, const Shape& rv, const std::vector<int>& perm, const std::string& rope,
+                 int64_t head_dim)
+      : out_shape_(rv), rope_(rope), dh_(head_dim), n_(numel(rv)) {
+    std::vector<int64_t> in_stride(cv.size(), 1);
+    for (size_t d = cv.size(); d-- > 1;) in_stride[d - 1] = in_stride[d] * cv[d];
+    for (size_t k = 0; k < perm.size(); ++k) step_.push_back(in_stride[size_t(perm[k])]);
+  }
+  int64_t source(int64_t o) const {
+    int64_t k = o;  // index into the permuted candidate
+    if (!rope_.empty() && dh_ >= 2 && dh_ % 2 == 0 && o < n_ / dh_ * dh_) {
+      const int64_t b = o - o % dh_, j = o % dh_, half = dh_ / 2;
+      if (rope_ == "half->interleaved")
+        k = b + (j % 2 == 0 ? j / 2 : j / 2 + half);
+      else
+        k = b + (j < half ? 2 * j : 2 * (j - half) + 1);
+    }
+    int64_t src = 0;
+    for (size_t d = out_shape_.size(); d-- > 0;) {
+      src += (k % out_shape_[d]) * step_[d];
+      k /= out_shape_[d];
+    }
+    return src;
+  }
+
+ private:
+  Shape out_shape_;
+  std::string rope_;
+  int64_t dh_, n_;
+  std::vector<int64_t> step_;
+};
+
+// False when some sampled element of the transformed candidate is clearly
+// outside tolerance (then allclose of the whole transform fails too); true
+// otherwise. The margin keeps elements within rounding of the bound in, so
+// the full evaluation alone decides those.
+bool sample_may_match(const float* ref, const float* cand, int64_t n, const TransformIndex& at, const Tolerance& tol) {
+  auto fails = [&](int64_t o) {
+    const float b = ref[o], a = cand[at.source(o)];
+    if (!std::isfinite(a) || !std::isfinite(b)) return !(std::isnan(a) ? std::isnan(b) : a == b);
+    const double ad = std::fabs(double(a) - double(b));
+    return ad > (tol.atol + tol.rtol * std::fabs(double(b))) * (1 + 1e-9);
+  };
+  constexpr int64_t kHead = 64, kSpread = 1024;
+  for (int64_t o = 0; o < std::min(n, kHead); ++o)
+    if (fails(o)) return false;
+  if (n > kHead)
+    for (int64_t s = 0; s < kSpread; ++s)
+      if (fails(kHead + (n - kHead) * s / kSpread)) return false;
+  return true;
+}
+
 // Searches views x permutations (x RoPE re-pairings) of the candidate for the
 // layout closest to the reference; `with_views` also tries reshapes. The
-// plain comparison (no transform) is never a finding.
-std::optional<LayoutFinding> search_layouts(const std::string& name, const TensorData& ref, const TensorData& cand,
-                                            const Tolerance& tol, ComputeDType ulp_dtype,
-                                            const LayoutContext& ctx, bool with_views) {
-  if (ref.numel() != cand.numel() || ref.numel() == 0 || ref.numel() > kMaxSearchNumel) return std::nullopt;
-  if (ref.shape.size() > kMaxSearchRank || cand.shape.size() > kMaxSearchRank) return std::nullopt;
-  std::vector<Shape> ref_views = with_views ? views(ref.shape, cand.shape, ctx) : std::vector<Shape>{ref.shape};
-  std::vector<Shape> cand_views = with_views ? views(cand.shape, ref.shape, ctx) : std::vector<Shape>{cand.shape};
+// plain comparison (no transform) is never a finding. `matching_only` skips
+// (without evaluating them in full) transforms that a sample shows cannot
+// match: for callers that report matching layouts only.
+std::optional<LayoutFinding> search_layouts(const std::string& name, const float* ref_f, const Shape& ref_shape,
+                                            const float* cand_f, const Shape& cand_shape, const Tolerance& tol,
+                                            ComputeDType ulp_dtype, const LayoutContext& ctx, bool with_views,
+                                            bool matching_only, ThreadPool* pool) {
+  const int64_t n = numel(ref_shape);
+  if (n != numel(cand_shape) || n == 0 || n > kMaxSearchNumel) return std::nullopt;
+  if (ref_shape.size() > kMaxSearchRank || cand_shape.size() > kMaxSearchRank) return std::nullopt;
+  std::vector<Shape> ref_views = with_views ? views(ref_shape, cand_shape, ctx) : std::vector<Shape>{ref_shape};
+  std::vector<Shape> cand_views = with_views ? views(cand_shape, ref_shape, ctx) : std::vector<Shape>{cand_shape};
   std::optional<LayoutFinding> best;
-  const int64_t n = ref.numel();
   for (const Shape& rv : ref_views) {
     for (const Shape& cv : cand_views) {
       if (rv.size() != cv.size()) continue;
@@ -155,8 +217,8 @@ std::optional<LayoutFinding> search_layouts(const std::string& name, const Tenso
       std::iota(p.begin(), p.end(), 0);
       do {
         if (permuted(cv, p) != rv) continue;
-        bool plain = rv == ref.shape && cv == cand.shape && is_identity(p);
-        std::vector<float> moved = permute_axes(cand.f.data(), cv, p);
+        bool plain = rv == ref_shape && cv == cand_shape && is_identity(p);
+        std::vector<float> moved;  // the permuted candidate, made on first use
         std::vector<std::string> ropes{""};
         if (rope_site(name) && !rv.empty() && !rope_head_dims(rv.back(), ctx).empty()) {
           ropes.push_back("interleaved->half");
@@ -164,20 +226,22 @@ std::optional<LayoutFinding> search_layouts(const std::string& name, const Tenso
         }
         for (const std::string& rope : ropes) {
           if (plain && rope.empty()) continue;
+          const int64_t dh = rope.empty() ? 0 : rope_head_dims(rv.back(), ctx).front();
+          if (matching_only && !sample_may_match(ref_f, cand_f, n, TransformIndex(cv, rv, p, rope, dh), tol)) continue;
+          if (moved.empty()) moved = permute_axes(cand_f, cv, p);
           LayoutFinding f;
           f.cand_view = cv;
           f.ref_view = rv;
           f.perm = p;
           f.rope = rope;
-          bool reshaped = rv != ref.shape || cv != cand.shape;
+          bool reshaped = rv != ref_shape || cv != cand_shape;
           f.kind = reshaped ? LayoutFinding::Kind::HeadSplit
                             : (is_identity(p) ? LayoutFinding::Kind::RopePairing : LayoutFinding::Kind::Permute);
           if (rope.empty()) {
-            evaluate(f, ref.f.data(), moved.data(), n, tol, ulp_dtype);
+            evaluate(f, ref_f, moved.data(), n, tol, ulp_dtype, pool);
           } else {
-            int64_t dh = rope_head_dims(rv.back(), ctx).front();
             auto repaired = rope_repair(moved.data(), n, dh, rope == "half->interleaved");
-            evaluate(f, ref.f.data(), repaired.data(), n, tol, ulp_dtype);
+            evaluate(f, ref_f, repaired.data(), n, tol, ulp_dtype, pool);
           }
           if (!best || better(f, *best)) best = std::move(f);
         }
@@ -347,7 +411,8 @@ std::vector<LayoutFinding> explain_shape_mismatch(const std::string& name, const
   std::vector<LayoutFinding> out;
   TensorData ref = float_copy(ref_in), cand = float_copy(cand_in);
   if (auto f = cache_length(name, ref, cand, tol, ulp_dtype)) out.push_back(std::move(*f));
-  if (auto f = search_layouts(name, ref, cand, tol, ulp_dtype, ctx, true)) {
+  if (auto f = search_layouts(name, ref.f.data(), ref.shape, cand.f.data(), cand.shape, tol, ulp_dtype, ctx, true,
+                              false, nullptr)) {
     f->summary = describe_layout(*f, ref.shape, cand.shape);
     out.push_back(std::move(*f));
   }
@@ -360,17 +425,23 @@ std::vector<LayoutFinding> explain_shape_mismatch(const std::string& name, const
 std::vector<LayoutFinding> explain_value_mismatch(const std::string& name, const TensorData& ref_in,
                                                   const TensorData& cand_in, const Tolerance& tol,
                                                   ComputeDType ulp_dtype, const LayoutContext& ctx) {
+  if (ref_in.is_int || cand_in.is_int || ref_in.shape != cand_in.shape) return {};
+  return explain_value_mismatch(name, ref_in.f.data(), cand_in.f.data(), ref_in.shape, tol, ulp_dtype, ctx);
+}
+
+std::vector<LayoutFinding> explain_value_mismatch(const std::string& name, const float* ref, const float* cand,
+                                                  const Shape& shape, const Tolerance& tol, ComputeDType ulp_dtype,
+                                                  const LayoutContext& ctx, ThreadPool* pool) {
   std::vector<LayoutFinding> out;
-  if (ref_in.is_int || cand_in.is_int || ref_in.shape != cand_in.shape) return out;
-  if (auto f = search_layouts(name, ref_in, cand_in, tol, ulp_dtype, ctx, false); f && f->matches) {
+  if (auto f = search_layouts(name, ref, shape, cand, shape, tol, ulp_dtype, ctx, false, true, pool); f && f->matches) {
     if (f->kind == LayoutFinding::Kind::RopePairing) {
-      int64_t dh = rope_head_dims(ref_in.shape.back(), ctx).front();
+      int64_t dh = rope_head_dims(shape.back(), ctx).front();
       bool cand_interleaved = f->rope == "interleaved->half";
       f->summary = std::string("candidate pairs RoPE dims as ") + (cand_interleaved ? "(2i, 2i+1)" : "(i, i+Dh/2)") +
                    " where the reference pairs " + (cand_interleaved ? "(i, i+Dh/2)" : "(2i, 2i+1)") +
                    " (Dh=" + std::to_string(dh) + "): matches after re-pairing " + f->rope + " (" + error_words(*f) + ")";
     } else {
-      f->summary = describe_layout(*f, ref_in.shape, cand_in.shape);
+      f->summary = describe_layout(*f, shape, shape);
     }
     out.push_back(std::move(*f));
   }

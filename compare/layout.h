@@ -61,5 +61,11 @@ std::vector<LayoutFinding> explain_shape_mismatch(const std::string& name, const
 std::vector<LayoutFinding> explain_value_mismatch(const std::string& name, const TensorData& ref,
                                                   const TensorData& cand, const Tolerance& tol,
                                                   ComputeDType ulp_dtype, const LayoutContext& ctx);
+// The same on raw float values of one shape. Transforms are first checked on
+// a sample of elements (a failing element rules a layout out) and only those
+// passing it are evaluated in full; `pool` (optional) spreads that work.
+std::vector<LayoutFinding> explain_value_mismatch(const std::string& name, const float* ref, const float* cand,
+                                                  const Shape& shape, const Tolerance& tol, ComputeDType ulp_dtype,
+                                                  const LayoutContext& ctx, ThreadPool* pool = nullptr);
 
 }  // namespace llmdiff::compare

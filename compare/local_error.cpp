@@ -13,17 +13,6 @@ namespace llmdiff::compare {
 namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-std::string fmt_value(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.6g", v);
-  return buf;
-}
-
-std::vector<float> floats_of(const TensorData& t) {
-  if (!t.is_int) return t.f;
-  return std::vector<float>(t.i.begin(), t.i.end());
-}
-
 // max |a-b| and its offset, NMSE against b.
 void diff_stats(const std::vector<float>& a, const std::vector<float>& b, double* max_abs, int64_t* at,
                 double* nmse) {
@@ -51,7 +40,13 @@ void diff_stats(const std::vector<float>& a, const std::vector<float>& b, double
 }
 }  // namespace
 
-std::string Hypothesis::str() const { return value ? bug + "=" + fmt_value(*value) : bug; }
+std::string value_str(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+std::string Hypothesis::str() const { return value ? bug + "=" + value_str(*value) : bug; }
 
 SubsetSource::SubsetSource(const TensorSource& base, const std::vector<std::string>& keep) : base_(base) {
   for (const auto& n : keep)
@@ -129,7 +124,7 @@ LocalReport judge_local(const TensorSource& cand, const Recomputed& cand_local, 
       r.sites.push_back(std::move(s));
       continue;
     }
-    std::vector<float> cf = floats_of(c), lf = floats_of(l);
+    std::vector<float> cf = c.floats(), lf = l.floats();
     diff_stats(cf, lf, &s.max_abs, &s.max_abs_at, &s.nmse);
     int64_t bad = 0;
     const double cand_rmse = rmse(cf.data(), lf.data(), c.numel(), &bad);
@@ -138,7 +133,7 @@ LocalReport judge_local(const TensorSource& cand, const Recomputed& cand_local, 
     if (ref && ref_local && ref->has(name) && ref_local->values.has(name)) {
       TensorData a = ref->get(name), b = ref_local->values.get(name);
       if (a.shape == c.shape && b.shape == c.shape) {
-        std::vector<float> af = floats_of(a), bf = floats_of(b);
+        std::vector<float> af = a.floats(), bf = b.floats();
         ref_rmse = rmse(af.data(), bf.data(), a.numel(), &ref_bad);
         s.has_ref_noise = true;
       }
@@ -151,7 +146,7 @@ LocalReport judge_local(const TensorSource& cand, const Recomputed& cand_local, 
     } else {
       s.pass = s.noise.finite;
       s.note = "no reference noise level for this site: not judged by the noise floor (local rmse " +
-               fmt_value(cand_rmse) + ")";
+               value_str(cand_rmse) + ")";
     }
     r.sites.push_back(std::move(s));
   }

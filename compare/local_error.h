@@ -21,6 +21,9 @@
 
 namespace llmdiff::compare {
 
+// A number as bug parameters are written: printf "%g" ("1e-05", "20000").
+std::string value_str(double v);
+
 // One bug hypothesis of the zoo: its name as `--inject` spells it and, for
 // parameterised bugs (rope-theta, rmsnorm-eps), the value.
 struct Hypothesis {

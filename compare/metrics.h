@@ -11,6 +11,8 @@
 
 namespace llmdiff::compare {
 
+class ThreadPool;
+
 // Row-major multi-index of a flat offset ("unravel_index").
 std::vector<int64_t> unravel(int64_t flat, const Shape& shape);
 std::string index_str(const std::vector<int64_t>& idx);  // "[0, 2, 5]"
@@ -74,6 +76,19 @@ struct AllcloseResult {
 };
 AllcloseResult allclose(const float* ref, const float* cand, int64_t n, const Tolerance& tol);
 
+// float_metrics and allclose of one pair in a single pass over the data (what
+// compare_tensors uses). The data is cut into fixed chunks whose partial
+// results are combined in order, so the result does not depend on `pool`,
+// which (when given) spreads the chunks of a large pair over its threads.
+// Chunks without NaN/Inf take a vectorised path; sums may differ from a
+// plain left-to-right loop by the rounding of their order only.
+struct PairMetrics {
+  FloatMetrics metrics;
+  AllcloseResult allclose;
+};
+PairMetrics pair_metrics(const float* ref, const float* cand, int64_t n, ComputeDType ulp_dtype, const Tolerance& tol,
+                         ThreadPool* pool = nullptr);
+
 // Logits rows [rows, cols] (next_logits is one row).
 struct LogitsMetrics {
   int64_t rows = 0, cols = 0;
@@ -85,7 +100,9 @@ struct LogitsMetrics {
   double kl_mean = 0;                  // mean over rows of KL(softmax(b) || softmax(a)), in nats
   double kl_max = 0;
 };
-LogitsMetrics logits_metrics(const float* ref, const float* cand, int64_t rows, int64_t cols);
+// `pool` (optional) spreads the rows over its threads; the result does not depend on it.
+LogitsMetrics logits_metrics(const float* ref, const float* cand, int64_t rows, int64_t cols,
+                             ThreadPool* pool = nullptr);
 
 // Integer tensors are compared exactly.
 struct IntMetrics {

@@ -107,8 +107,7 @@ Judgement NoiseFloorCriterion::judge(const TensorData& ref, const TensorData& ca
   if (!truth_ || !truth_->has(name)) return fallback("the float64 run lacks this name");
   TensorData truth = truth_->get(name);
   if (truth.shape != ref.shape) return fallback("the float64 run has shape " + shape_str(truth.shape));
-  std::vector<float> tf = truth.f;
-  if (truth.is_int) tf.assign(truth.i.begin(), truth.i.end());
+  std::vector<float> tf = truth.floats();
   NoiseStats s = noise_stats(tf.data(), ref.f.data(), cand.f.data(), ref.numel(), dtype_);
   Judgement j;
   j.pass = s.pass();

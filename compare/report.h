@@ -13,8 +13,11 @@ namespace llmdiff::compare {
 inline constexpr const char* kDiffSchema = "llmdiff.diff/1";
 inline constexpr const char* kRegressSchema = "llmdiff.regress/1";
 
-// Numbers for humans: "0", "1.23e-05", "inf", "nan".
-std::string fmt_num(double v);
+// Numbers for humans: "0", "1.23e-05" (`digits` after the point), "inf", "nan".
+std::string fmt_num(double v, int digits = 3);
+// A number for JSON, which has no Inf/NaN: finite values as numbers, the
+// others as fmt_num's strings "inf", "-inf", "nan".
+nlohmann::json json_num(double v);
 
 struct TableOptions {
   bool all = false;  // every tensor and every trace row (default: failing tensors, passing ones counted)

@@ -10,12 +10,6 @@ namespace llmdiff::compare {
 namespace {
 using nlohmann::json;
 
-// JSON has no Inf/NaN: they are written as the strings "inf", "-inf", "nan".
-json num(double v) {
-  if (std::isfinite(v)) return v;
-  return fmt_num(v);
-}
-
 json shape_json(const Shape& s) { return json(s); }
 
 json index_or_null(int64_t flat, const Shape& shape) {
@@ -36,7 +30,7 @@ json side_json(const SideSummary& s) {
   return {{"label", s.label}, {"manifest", manifest_json(s.manifest)}, {"steps", s.steps}, {"tensors", s.tensors}};
 }
 
-json tolerance_json(const Tolerance& t) { return {{"rtol", num(t.rtol)}, {"atol", num(t.atol)}}; }
+json tolerance_json(const Tolerance& t) { return {{"rtol", json_num(t.rtol)}, {"atol", json_num(t.atol)}}; }
 
 json nonfinite_json(const NonFiniteCounts& c, const Shape& shape) {
   return {{"nan", c.nan}, {"pos_inf", c.pos_inf}, {"neg_inf", c.neg_inf}, {"first_nan", index_or_null(c.first_nan, shape)}};
@@ -50,9 +44,9 @@ json finding_json(const LayoutFinding& f) {
             {"ref_view", shape_json(f.ref_view)},
             {"perm", f.perm},
             {"rope", f.rope},
-            {"max_abs", num(f.metrics.max_abs)},
-            {"nmse", num(f.metrics.nmse)},
-            {"min_atol", num(f.allclose.min_atol)}};
+            {"max_abs", json_num(f.metrics.max_abs)},
+            {"nmse", json_num(f.metrics.nmse)},
+            {"min_atol", json_num(f.allclose.min_atol)}};
   if (f.kind == LayoutFinding::Kind::CacheLength) {
     j["ref_len"] = f.ref_len;
     j["cand_len"] = f.cand_len;
@@ -75,9 +69,9 @@ json tensor_json(const TensorComparison& t) {
              {{"judged", t.judgement.judged},
               {"pass", t.judgement.pass},
               {"metric", t.judgement.metric},
-              {"value", num(t.judgement.value)},
-              {"threshold", num(t.judgement.threshold)}}},
-            {"tolerance", {{"rtol", num(t.tolerance.rtol)}, {"atol", num(t.tolerance.atol)}, {"source", t.tolerance_source}}},
+              {"value", json_num(t.judgement.value)},
+              {"threshold", json_num(t.judgement.threshold)}}},
+            {"tolerance", {{"rtol", json_num(t.tolerance.rtol)}, {"atol", json_num(t.tolerance.atol)}, {"source", t.tolerance_source}}},
             {"metrics", nullptr},
             {"allclose", nullptr},
             {"logits", nullptr},
@@ -88,18 +82,18 @@ json tensor_json(const TensorComparison& t) {
     const auto& m = t.metrics;
     j["metrics"] = {{"count", m.count},
                     {"finite_pairs", m.finite_pairs},
-                    {"max_abs", num(m.max_abs)},
+                    {"max_abs", json_num(m.max_abs)},
                     {"max_abs_at", index_or_null(m.max_abs_at, t.ref_shape)},
-                    {"ref_at_max_abs", num(m.ref_at_max_abs)},
-                    {"cand_at_max_abs", num(m.cand_at_max_abs)},
-                    {"max_rel", num(m.max_rel)},
-                    {"mean_abs", num(m.mean_abs)},
-                    {"rmse", num(m.rmse)},
-                    {"nmse", num(m.nmse)},
-                    {"sqnr_db", num(m.sqnr_db)},
-                    {"cosine", num(m.cosine)},
-                    {"ref_max_abs", num(m.ref_max_abs)},
-                    {"cand_max_abs", num(m.cand_max_abs)},
+                    {"ref_at_max_abs", json_num(m.ref_at_max_abs)},
+                    {"cand_at_max_abs", json_num(m.cand_at_max_abs)},
+                    {"max_rel", json_num(m.max_rel)},
+                    {"mean_abs", json_num(m.mean_abs)},
+                    {"rmse", json_num(m.rmse)},
+                    {"nmse", json_num(m.nmse)},
+                    {"sqnr_db", json_num(m.sqnr_db)},
+                    {"cosine", json_num(m.cosine)},
+                    {"ref_max_abs", json_num(m.ref_max_abs)},
+                    {"cand_max_abs", json_num(m.cand_max_abs)},
                     {"max_ulp", m.max_ulp},
                     {"ulp_dtype", compute_dtype_name(m.ulp_dtype)},
                     {"ref_nonfinite", nonfinite_json(m.ref_nonfinite, t.ref_shape)},
@@ -107,11 +101,11 @@ json tensor_json(const TensorComparison& t) {
                     {"nonfinite_mismatch", m.nonfinite_mismatch}};
     const auto& a = t.allclose;
     j["allclose"] = {{"failing", a.failing},
-                     {"fraction", num(a.fraction)},
+                     {"fraction", json_num(a.fraction)},
                      {"first_fail", index_or_null(a.first_fail, t.ref_shape)},
-                     {"worst_ratio", num(a.worst_ratio)},
-                     {"min_atol", num(a.min_atol)},
-                     {"min_rtol", num(a.min_rtol)}};
+                     {"worst_ratio", json_num(a.worst_ratio)},
+                     {"min_atol", json_num(a.min_atol)},
+                     {"min_rtol", json_num(a.min_rtol)}};
   }
   if (t.logits) {
     const auto& l = *t.logits;
@@ -121,9 +115,9 @@ json tensor_json(const TensorComparison& t) {
                    {"ref_argmax", l.ref_argmax},
                    {"cand_argmax", l.cand_argmax},
                    {"topk", l.topk},
-                   {"topk_overlap", num(l.topk_overlap)},
-                   {"kl_mean", num(l.kl_mean)},
-                   {"kl_max", num(l.kl_max)}};
+                   {"topk_overlap", json_num(l.topk_overlap)},
+                   {"kl_mean", json_num(l.kl_mean)},
+                   {"kl_max", json_num(l.kl_max)}};
   }
   if (t.shape_match && t.is_int) {
     j["int"] = {{"count", t.ints.count},
@@ -158,8 +152,8 @@ json diff_to_json(const DiffResult& r) {
   json ov = json::array();
   for (const auto& o : r.overrides) {
     json x = {{"glob", o.glob}, {"text", o.text}};
-    x["rtol"] = o.rtol ? num(*o.rtol) : json(nullptr);
-    x["atol"] = o.atol ? num(*o.atol) : json(nullptr);
+    x["rtol"] = o.rtol ? json_num(*o.rtol) : json(nullptr);
+    x["atol"] = o.atol ? json_num(*o.atol) : json(nullptr);
     ov.push_back(x);
   }
   j["overrides"] = ov;
@@ -183,13 +177,13 @@ json diff_to_json(const DiffResult& r) {
                                 {"layer", g.layer},
                                 {"compared", g.compared},
                                 {"failing", g.failing},
-                                {"worst_nmse", num(g.worst_nmse)},
+                                {"worst_nmse", json_num(g.worst_nmse)},
                                 {"worst_nmse_site", g.worst_nmse_site},
-                                {"worst_max_abs", num(g.worst_max_abs)},
+                                {"worst_max_abs", json_num(g.worst_max_abs)},
                                 {"worst_max_abs_site", g.worst_max_abs_site},
                                 {"key_site", g.has_key ? json(g.key_site) : json(nullptr)},
-                                {"key_nmse", g.has_key ? num(g.key_nmse) : json(nullptr)},
-                                {"key_max_abs", g.has_key ? num(g.key_max_abs) : json(nullptr)}});
+                                {"key_nmse", g.has_key ? json_num(g.key_nmse) : json(nullptr)},
+                                {"key_max_abs", g.has_key ? json_num(g.key_max_abs) : json(nullptr)}});
   }
   json steps = json::array();
   for (const auto& s : r.greedy.steps)
@@ -213,10 +207,10 @@ json regress_to_json(const RegressionReport& r) {
   j["schema"] = kRegressSchema;
   j["ok"] = r.ok();
   j["golden"] = r.golden;
-  j["policy"] = {{"f32_abs", num(r.policy.f32_abs)},
+  j["policy"] = {{"f32_abs", json_num(r.policy.f32_abs)},
                  {"bf16_ref", tolerance_json(r.policy.bf16_ref)},
                  {"f16_ref", tolerance_json(r.policy.f16_ref)},
-                 {"lowp_impl_nmse", num(r.policy.lowp_impl_nmse)},
+                 {"lowp_impl_nmse", json_num(r.policy.lowp_impl_nmse)},
                  {"require_all_names", r.policy.require_all_names}};
   j["summary"] = {{"cases", r.cases.size()}, {"passed", r.cases.size() - r.failing()}, {"failed", r.failing()}};
   j["cases"] = json::array();
@@ -232,10 +226,10 @@ json regress_to_json(const RegressionReport& r) {
               {"worst", c.worst_name.empty() ? json(nullptr)
                                              : json{{"name", c.worst_name},
                                                     {"metric", c.worst_metric},
-                                                    {"value", num(c.worst_value)},
-                                                    {"threshold", num(c.worst_threshold)}}},
+                                                    {"value", json_num(c.worst_value)},
+                                                    {"threshold", json_num(c.worst_threshold)}}},
               {"failures", c.failures},
-              {"seconds", num(c.seconds)},
+              {"seconds", json_num(c.seconds)},
               {"first_divergence", c.diff && c.diff->first() ? json(c.diff->first()->name) : json(nullptr)}};
     j["cases"].push_back(x);
   }

@@ -12,13 +12,18 @@
 
 namespace llmdiff::compare {
 
-std::string fmt_num(double v) {
+std::string fmt_num(double v, int digits) {
   if (std::isnan(v)) return "nan";
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
   if (v == 0) return "0";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3e", v);
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.*e", digits, v);
   return buf;
+}
+
+nlohmann::json json_num(double v) {
+  if (std::isfinite(v)) return v;
+  return fmt_num(v);
 }
 
 std::string xml_escape(const std::string& s) {

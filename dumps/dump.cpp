@@ -46,6 +46,13 @@ Manifest Manifest::from_map(const std::map<std::string, std::string>& m) {
   return out;
 }
 
+// --------------------------------------------------------------- TensorData
+
+std::vector<float> TensorData::floats() const {
+  if (!is_int) return f;
+  return std::vector<float>(i.begin(), i.end());
+}
+
 // ------------------------------------------------------------- TensorSource
 
 int TensorSource::num_steps() const {

@@ -36,6 +36,8 @@ struct TensorData {
   std::vector<float> f;       // when !is_int
   std::vector<int64_t> i;     // when is_int
   int64_t numel() const { return llmdiff::numel(shape); }
+  // The values as float32: `f` itself, or the integers converted.
+  std::vector<float> floats() const;
 };
 
 // Read access to a dump, independent of where it lives.

@@ -147,4 +147,28 @@ void check_bugs(const std::vector<BugSpec>& bugs, const ModelConfig& cfg) {
   }
 }
 
+Faults apply_bugs(const std::vector<BugSpec>& bugs, ModelConfig& cfg) {
+  Faults f;
+  for (const BugSpec& b : bugs) {
+    switch (b.bug) {
+      case Bug::RopeInterleaved: f.rope_interleaved = true; break;
+      case Bug::RopeTheta: cfg.rope_theta = bug_value(b, cfg); break;
+      case Bug::RopeScalingIgnored: cfg.rope_scaling = RopeScaling{}; break;
+      case Bug::RopePositionReset: f.position_reset = true; break;
+      case Bug::RepeatKvTile: f.repeat_kv_tile = true; break;
+      case Bug::MaskSquare: f.mask_square = true; break;
+      case Bug::MaskMissing: f.mask_missing = true; break;
+      case Bug::KvOverwrite: f.kv_overwrite = true; break;
+      case Bug::LastTokenFirst: f.last_token_first = true; break;
+      case Bug::RmsnormEps: cfg.rms_norm_eps = bug_value(b, cfg); break;
+      case Bug::MissingBias: cfg.qkv_bias = false; break;
+      case Bug::QkNormAfterRope: f.qk_norm_after_rope = true; break;
+      case Bug::SoftmaxScale: f.softmax_scale_dh = true; break;
+      case Bug::GateUpSwap: f.gate_up_swap = true; break;
+      case Bug::LmHead: f.lm_head_embed = true; break;
+    }
+  }
+  return f;
+}
+
 }  // namespace llmdiff::impl

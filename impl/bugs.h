@@ -47,4 +47,25 @@ double bug_value(const BugSpec& spec, const ModelConfig& cfg);
 // UsageError naming the first bug that cannot apply and why.
 void check_bugs(const std::vector<BugSpec>& bugs, const ModelConfig& cfg);
 
+// How the bug zoo changes a forward pass (all false: no bug). Bugs that only
+// change a config value (rope-theta, rope-scaling-ignored, rmsnorm-eps,
+// missing-bias) are applied to the model's config instead.
+struct Faults {
+  bool rope_interleaved = false;    // rope-interleaved
+  bool position_reset = false;      // rope-position-reset
+  bool repeat_kv_tile = false;      // repeat-kv-tile
+  bool mask_square = false;         // mask-square
+  bool mask_missing = false;        // mask-missing
+  bool kv_overwrite = false;        // kv-overwrite
+  bool last_token_first = false;    // last-token-first
+  bool qk_norm_after_rope = false;  // qk-norm-after-rope
+  bool softmax_scale_dh = false;    // softmax-scale
+  bool gate_up_swap = false;        // gate-up-swap
+  bool lm_head_embed = false;       // lm-head
+};
+
+// Applies the bugs (checked by check_bugs): config-level ones to `cfg`, the
+// others to the returned Faults.
+Faults apply_bugs(const std::vector<BugSpec>& bugs, ModelConfig& cfg);
+
 }  // namespace llmdiff::impl

@@ -21,48 +21,6 @@ namespace llmdiff::impl {
 
 namespace {
 
-// How the bug zoo changes the forward, decided once per engine. Bugs that
-// only change a config value (rope-theta, rope-scaling-ignored, rmsnorm-eps,
-// missing-bias) are applied to the engine's copy of the config instead.
-struct Faults {
-  bool rope_interleaved = false;    // rope-interleaved
-  bool position_reset = false;      // rope-position-reset
-  bool repeat_kv_tile = false;      // repeat-kv-tile
-  bool mask_square = false;         // mask-square
-  bool mask_missing = false;        // mask-missing
-  bool kv_overwrite = false;        // kv-overwrite
-  bool last_token_first = false;    // last-token-first
-  bool qk_norm_after_rope = false;  // qk-norm-after-rope
-  bool softmax_scale_dh = false;    // softmax-scale
-  bool gate_up_swap = false;        // gate-up-swap
-  bool lm_head_embed = false;       // lm-head
-};
-
-// Applies the bugs: config-level ones to `cfg`, the others to the returned Faults.
-Faults apply_bugs(const std::vector<BugSpec>& bugs, ModelConfig& cfg) {
-  Faults f;
-  for (const BugSpec& b : bugs) {
-    switch (b.bug) {
-      case Bug::RopeInterleaved: f.rope_interleaved = true; break;
-      case Bug::RopeTheta: cfg.rope_theta = bug_value(b, cfg); break;
-      case Bug::RopeScalingIgnored: cfg.rope_scaling = RopeScaling{}; break;
-      case Bug::RopePositionReset: f.position_reset = true; break;
-      case Bug::RepeatKvTile: f.repeat_kv_tile = true; break;
-      case Bug::MaskSquare: f.mask_square = true; break;
-      case Bug::MaskMissing: f.mask_missing = true; break;
-      case Bug::KvOverwrite: f.kv_overwrite = true; break;
-      case Bug::LastTokenFirst: f.last_token_first = true; break;
-      case Bug::RmsnormEps: cfg.rms_norm_eps = bug_value(b, cfg); break;
-      case Bug::MissingBias: cfg.qkv_bias = false; break;
-      case Bug::QkNormAfterRope: f.qk_norm_after_rope = true; break;
-      case Bug::SoftmaxScale: f.softmax_scale_dh = true; break;
-      case Bug::GateUpSwap: f.gate_up_swap = true; break;
-      case Bug::LmHead: f.lm_head_embed = true; break;
-    }
-  }
-  return f;
-}
-
 // Reports a step's intermediates through the observer under canonical names.
 class Sites {
  public:

@@ -144,7 +144,14 @@ void rope_tables(const RopeFrequencies& f, const std::vector<int64_t>& positions
   }
 }
 
-void apply_rope(float* x, int64_t T, int64_t H, int64_t head_dim, const float* cos, const float* sin) {
+namespace {
+
+// x·cos + rotate_half(x)·sin on every head of x [T, H*Dh], each product
+// rounded: the first element of pair i (frequency i) reads cos/sin at i, the
+// second at i + Dh/2 (rotate-half pairing: element i with i + Dh/2) or at i
+// (interleaved pairing: element 2i with 2i+1).
+template <bool Interleaved>
+void rotate_pairs(float* x, int64_t T, int64_t H, int64_t head_dim, const float* cos, const float* sin) {
   const int64_t half = head_dim / 2;
   for (int64_t t = 0; t < T; ++t) {
     const float* c = cos + t * head_dim;
@@ -152,33 +159,28 @@ void apply_rope(float* x, int64_t T, int64_t H, int64_t head_dim, const float* c
     for (int64_t h = 0; h < H; ++h) {
       float* v = x + (t * H + h) * head_dim;
       for (int64_t i = 0; i < half; ++i) {
-        const float x1 = v[i], x2 = v[i + half];
-        // x·cos + rotate_half(x)·sin, rotate_half(x) = (-x2, x1); each product rounded.
+        const int64_t j1 = Interleaved ? 2 * i : i;             // first element of the pair
+        const int64_t j2 = Interleaved ? 2 * i + 1 : i + half;  // second element
+        const int64_t k2 = Interleaved ? i : i + half;          // cos/sin entry of the second
+        const float x1 = v[j1], x2 = v[j2];
+        // rotate_half(x) = (-x2, x1)
         const float a1 = x1 * c[i], b1 = -x2 * s[i];
-        const float a2 = x2 * c[i + half], b2 = x1 * s[i + half];
-        v[i] = a1 + b1;
-        v[i + half] = a2 + b2;
+        const float a2 = x2 * c[k2], b2 = x1 * s[k2];
+        v[j1] = a1 + b1;
+        v[j2] = a2 + b2;
       }
     }
   }
 }
 
+}  // namespace
+
+void apply_rope(float* x, int64_t T, int64_t H, int64_t head_dim, const float* cos, const float* sin) {
+  rotate_pairs<false>(x, T, H, head_dim, cos, sin);
+}
+
 void apply_rope_interleaved(float* x, int64_t T, int64_t H, int64_t head_dim, const float* cos, const float* sin) {
-  const int64_t half = head_dim / 2;
-  for (int64_t t = 0; t < T; ++t) {
-    const float* c = cos + t * head_dim;
-    const float* s = sin + t * head_dim;
-    for (int64_t h = 0; h < H; ++h) {
-      float* v = x + (t * H + h) * head_dim;
-      for (int64_t i = 0; i < half; ++i) {
-        const float x1 = v[2 * i], x2 = v[2 * i + 1];
-        const float a1 = x1 * c[i], b1 = -x2 * s[i];
-        const float a2 = x2 * c[i], b2 = x1 * s[i];
-        v[2 * i] = a1 + b1;
-        v[2 * i + 1] = a2 + b2;
-      }
-    }
-  }
+  rotate_pairs<true>(x, T, H, head_dim, cos, sin);
 }
 
 }  // namespace llmdiff::impl

@@ -16,30 +16,11 @@
 #include "dumps/errors.h"
 #include "dumps/names.h"
 #include "ref/ops.h"
+#include "ref/weights.h"
 
 namespace llmdiff::ref {
 
 namespace {
-
-torch::ScalarType stored_dtype(const WeightView& w) {
-  switch (w.dtype) {
-    case DType::F32: return torch::kFloat;
-    case DType::BF16: return torch::kBFloat16;
-    case DType::F16: return torch::kHalf;
-    default:
-      throw FormatError(w.file, w.name, std::string("unsupported weight dtype ") + dtype_name(w.dtype) +
-                                            " (supported: F32, BF16, F16)");
-  }
-}
-
-// A weight as a tensor of the compute dtype: the mmapped bytes themselves when
-// the stored dtype is the compute dtype, else a converted copy (made once).
-// Undefined for an absent optional weight.
-torch::Tensor weight_tensor(const WeightView& w, torch::ScalarType compute) {
-  if (!w) return {};
-  torch::Tensor t = torch::from_blob(const_cast<void*>(w.data), w.shape, torch::TensorOptions().dtype(stored_dtype(w)));
-  return t.scalar_type() == compute ? t : t.to(compute);
-}
 
 // Reports `t` (any float dtype, any layout) as contiguous float32.
 void emit(Observer& obs, const std::string& name, const torch::Tensor& t) {
@@ -53,14 +34,6 @@ void emit_i64(Observer& obs, const std::string& name, const torch::Tensor& t) {
   torch::Tensor i = t.to(torch::kInt64).contiguous();
   obs.on_i64(name, Shape(i.sizes().begin(), i.sizes().end()), i.data_ptr<int64_t>());
 }
-
-struct LayerTensors {
-  torch::Tensor input_norm, post_attn_norm;  // [D]
-  torch::Tensor q, k, v, o;                  // [Hq*Dh, D], [Hkv*Dh, D] x2, [D, Hq*Dh]
-  torch::Tensor q_bias, k_bias, v_bias, o_bias;  // undefined when absent
-  torch::Tensor q_norm, k_norm;              // [Dh], Qwen3 only
-  torch::Tensor gate, up, down;              // [F, D], [F, D], [D, F]
-};
 
 void check_config(const ModelConfig& c) {
   auto fail = [&](const std::string& what) { throw ConfigError(c.source, what); };
@@ -109,37 +82,17 @@ class RefEngine : public Engine {
     n_rep_ = cfg_.num_attention_heads / cfg_.num_key_value_heads;
     scaling_ = std::pow(double(cfg_.head_dim), -0.5);  // self.head_dim**-0.5
 
-    const ModelWeights& w = *model_.weights;
-    embed_ = weight_tensor(w.embed, st_);
-    final_norm_ = weight_tensor(w.final_norm, st_);
-    lm_head_ = (w.lm_head_tied || w.lm_head.data == w.embed.data) ? embed_ : weight_tensor(w.lm_head, st_);
-    for (const LayerWeights& lw : w.layers) {
-      LayerTensors L;
-      L.input_norm = weight_tensor(lw.input_norm, st_);
-      L.post_attn_norm = weight_tensor(lw.post_attn_norm, st_);
-      L.q = weight_tensor(lw.q, st_);
-      L.k = weight_tensor(lw.k, st_);
-      L.v = weight_tensor(lw.v, st_);
-      L.o = weight_tensor(lw.o, st_);
-      L.q_bias = weight_tensor(lw.q_bias, st_);
-      L.k_bias = weight_tensor(lw.k_bias, st_);
-      L.v_bias = weight_tensor(lw.v_bias, st_);
-      L.o_bias = weight_tensor(lw.o_bias, st_);
-      L.q_norm = weight_tensor(lw.q_norm, st_);
-      L.k_norm = weight_tensor(lw.k_norm, st_);
-      L.gate = weight_tensor(lw.gate, st_);
-      L.up = weight_tensor(lw.up, st_);
-      L.down = weight_tensor(lw.down, st_);
+    w_ = RefWeights(*model_.weights, st_);
+    for (const RefWeights::Layer& L : w_.layers) {
       if (cfg_.qkv_bias && !(L.q_bias.defined() && L.k_bias.defined() && L.v_bias.defined()))
         throw ConfigError(cfg_.source, "config asks for q/k/v biases but the checkpoint lacks them");
       if (cfg_.o_bias && !L.o_bias.defined())
         throw ConfigError(cfg_.source, "config asks for an o_proj bias but the checkpoint lacks it");
       if (cfg_.qk_norm && !(L.q_norm.defined() && L.k_norm.defined()))
         throw ConfigError(cfg_.source, "Qwen3 needs q_norm/k_norm weights, the checkpoint lacks them");
-      layers_.push_back(std::move(L));
     }
-    if (int64_t(layers_.size()) != cfg_.num_hidden_layers)
-      throw ConfigError(cfg_.source, "the checkpoint holds " + std::to_string(layers_.size()) +
+    if (int64_t(w_.layers.size()) != cfg_.num_hidden_layers)
+      throw ConfigError(cfg_.source, "the checkpoint holds " + std::to_string(w_.layers.size()) +
                                          " layers, the config " + std::to_string(cfg_.num_hidden_layers));
 
     // LlamaRotaryEmbedding.__init__: inv_freq from the config, seq_len unset.
@@ -153,8 +106,8 @@ class RefEngine : public Engine {
   // rotary module (dynamic_rope_update) belongs to the model, not to the
   // cache, so it persists, as in HF; a new engine is a freshly loaded model.
   void reset() override {
-    k_cache_.assign(layers_.size(), torch::Tensor());
-    v_cache_.assign(layers_.size(), torch::Tensor());
+    k_cache_.assign(w_.layers.size(), torch::Tensor());
+    v_cache_.assign(w_.layers.size(), torch::Tensor());
     cached_ = 0;
   }
 
@@ -200,8 +153,7 @@ class RefEngine : public Engine {
   torch::ScalarType st_ = torch::kFloat, rope_dtype_ = torch::kFloat;
   int64_t n_rep_ = 1;
   double scaling_ = 1.0;
-  torch::Tensor embed_, final_norm_, lm_head_;
-  std::vector<LayerTensors> layers_;
+  RefWeights w_;  // in place from the mmap where the stored dtype is the compute dtype
   // DynamicCache: per layer [Hkv, P, Dh], undefined before the first call
   std::vector<torch::Tensor> k_cache_, v_cache_;
   int64_t cached_ = 0;
@@ -240,11 +192,11 @@ std::vector<float> RefEngine::forward_impl(const std::vector<int64_t>& tokens, i
   torch::Tensor mask = ops::causal_mask(cfg_, T, P, st_);  // [T, S] additive
   emit(obs, site("mask"), ops::mask_allowed(mask));
 
-  torch::Tensor h = ops::embed(embed_, ids);  // [T, D]
+  torch::Tensor h = ops::embed(w_.embed, ids);  // [T, D]
   emit(obs, site("embed"), h);
 
-  for (size_t li = 0; li < layers_.size(); ++li) {
-    const LayerTensors& L = layers_[li];
+  for (size_t li = 0; li < w_.layers.size(); ++li) {
+    const RefWeights::Layer& L = w_.layers[li];
     auto lsite = [&](const std::string& s) { return layer_name(step, int(li), s); };
 
     // LlamaDecoderLayer: input_layernorm -> self_attn
@@ -316,10 +268,10 @@ std::vector<float> RefEngine::forward_impl(const std::vector<int64_t>& tokens, i
   cached_ = S;
 
   // LlamaModel.norm, then LlamaForCausalLM.lm_head over every position
-  torch::Tensor final_norm = ops::rms_norm(h, final_norm_, eps);  // [T, D]
+  torch::Tensor final_norm = ops::rms_norm(h, w_.final_norm, eps);  // [T, D]
   emit(obs, site("final_norm"), final_norm);
   emit(obs, site("last_hidden"), final_norm[T - 1]);  // [D]
-  torch::Tensor logits = ops::linear(final_norm, lm_head_, {});  // [T, V]
+  torch::Tensor logits = ops::linear(final_norm, w_.lm_head, {});  // [T, V]
   emit(obs, site("logits"), logits);
   torch::Tensor next = logits[T - 1].to(torch::kFloat).contiguous();  // [V]
   emit(obs, site("next_logits"), next);

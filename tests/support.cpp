@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <cmath>
 #include <stdexcept>
 
@@ -46,6 +48,12 @@ std::string temp_path(const std::string& stem) {
     return base;
   }();
   return dir + "/" + stem;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 static void check_same_shape(const TensorData& a, const TensorData& b) {

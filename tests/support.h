@@ -13,6 +13,8 @@ std::vector<std::string> golden_models();  // model directory names under tests/
 std::string golden_model(const std::string& name);                          // tests/golden/NAME
 std::string golden_dump(const std::string& model, const std::string& scenario);  // .../NAME/SCENARIO.safetensors
 std::string temp_path(const std::string& stem);  // a fresh path in a per-process temp dir
+// A whole file as a string (any bytes); throws std::runtime_error when it cannot be read.
+std::string read_text(const std::string& path);
 
 // max |a-b| over a tensor pair (shapes must match; throws otherwise).
 double max_abs_diff(const TensorData& a, const TensorData& b);

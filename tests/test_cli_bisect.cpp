@@ -8,24 +8,20 @@
 // codes, JSON, Markdown reports, usage errors.
 #include <gtest/gtest.h>
 
-#include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
-#include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/oracle.h"
 #include "compare/bisect_report.h"
 #include "dumps/config.h"
 #include "dumps/errors.h"
 #include "impl/bugs.h"
+#include "tests/cli_runner.h"
 #include "tests/support.h"
 
 namespace fs = std::filesystem;
@@ -302,46 +298,6 @@ TEST(BisectUnknownBug, ACorruptionOutsideTheZooIsLocalisedButNotNamed) {
 // ---------------------------------------------------------------------------
 // The commands.
 
-struct CliRun {
-  int code = -1;
-  std::string out, error;
-};
-
-CliRun run_cli(const std::vector<std::string>& args) {
-  CLI::App app{"llmdiff"};
-  app.require_subcommand(1);
-  cli::Action action;
-  cli::setup_run(app, action);
-  cli::setup_bisect(app, action);
-  std::vector<const char*> argv{"llmdiff"};
-  for (const auto& a : args) argv.push_back(a.c_str());
-  CliRun r;
-  try {
-    app.parse(int(argv.size()), argv.data());
-  } catch (const CLI::ParseError& e) {
-    r.code = 2;
-    r.error = e.what();
-    return r;
-  }
-  ::testing::internal::CaptureStdout();
-  try {
-    r.code = action ? action() : 2;
-  } catch (const Error& e) {
-    r.code = 2;
-    r.error = e.what();
-  }
-  std::fflush(stdout);
-  r.out = ::testing::internal::GetCapturedStdout();
-  return r;
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 TEST(BisectCommands, RunWithAnInjectedBugPrintsTheDiagnosis) {
   const std::string model = golden_model("llama-gqa"), replay = golden_dump("llama-gqa", "decode");
   CliRun t = run_cli({"run", "--model", model, "--replay", replay, "--inject", "rope-interleaved", "--threads", "1"});
@@ -362,7 +318,7 @@ TEST(BisectCommands, RunWithAnInjectedBugPrintsTheDiagnosis) {
   EXPECT_FALSE(doc["diagnosis"]["evidence"].get<std::string>().empty());
   EXPECT_EQ(doc["criterion"], "noise-floor");
   EXPECT_EQ(doc["exit_code"], 1);
-  std::string md = slurp(report);
+  std::string md = read_text(report);
   EXPECT_NE(md.find("# llmdiff bisection report"), std::string::npos);
   EXPECT_NE(md.find("`rope-interleaved`"), std::string::npos);
   for (const auto& e : fs::directory_iterator(fs::path(report).parent_path()))

@@ -69,7 +69,7 @@ TEST(CliDiff, ZooBugIsLocalisedAndReported) {
   for (const auto& t : j["tensors"])
     for (const auto& f : t["findings"]) cache_finding |= f["kind"] == "cache-length";
   EXPECT_TRUE(cache_finding);
-  std::string md = read_file(report);
+  std::string md = read_text(report);
   EXPECT_NE(md.find("# llmdiff diff report"), std::string::npos);
   EXPECT_NE(md.find("`" + first + "`"), std::string::npos);
 

@@ -64,7 +64,7 @@ TEST(CliRegress, GoldenTreePassesForBothEngines) {
   EXPECT_NE(r.out.find("result: " + std::to_string(cases) + " of " + std::to_string(cases) + " cases pass"),
             std::string::npos)
       << r.out;
-  std::string xml = read_file(junit);
+  std::string xml = read_text(junit);
   EXPECT_EQ(xml.rfind("<?xml", 0), 0u);
   EXPECT_EQ(attr(xml, "testsuites", "tests"), std::to_string(cases));
   EXPECT_EQ(attr(xml, "testsuites", "failures"), "0");
@@ -91,7 +91,7 @@ TEST(CliRegress, PerturbedTensorFailsWithItsName) {
     ASSERT_FALSE(c["failures"].empty());
     EXPECT_NE(c["failures"][0].get<std::string>().find("step0.layers.1.mlp.up"), std::string::npos);
   }
-  std::string xml = read_file(junit);
+  std::string xml = read_text(junit);
   EXPECT_EQ(attr(xml, "testsuites", "tests"), "2");
   EXPECT_EQ(attr(xml, "testsuites", "failures"), "2");
   EXPECT_EQ(count(xml, "<failure "), 2u);

@@ -7,21 +7,20 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
-#include "cli/commands.h"
 #include "cli/synth.h"
 #include "dumps/dump.h"
 #include "dumps/errors.h"
 #include "dumps/weights.h"
 #include "impl/impl_engine.h"
-#include "support.h"
+#include "tests/cli_runner.h"
+#include "tests/support.h"
 
 namespace fs = std::filesystem;
 using namespace llmdiff;
 using namespace llmdiff::cli;
+using llmdiff::testing::read_text;
 
 namespace {
 
@@ -38,13 +37,6 @@ struct ScratchDir {
   std::string operator+(const char* tail) const { return path + tail; }
   std::string path;
 };
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 SynthResult synth(const std::string& dir, const std::string& preset, DType dtype, uint64_t seed,
                   uint64_t shard_size = 2000000000ULL, int threads = 0) {
@@ -80,15 +72,11 @@ void mean_std(const std::vector<float>& v, double& mean, double& std) {
   std = std::sqrt(std::max(0.0, s2 / double(v.size()) - mean * mean));
 }
 
-// Runs `llmdiff synth ARGS` through the command's own option parsing.
+// Runs `llmdiff synth ARGS` through the command line's own option parsing;
+// the command's exceptions propagate.
 int run_synth_command(std::vector<std::string> args) {
-  CLI::App app{"llmdiff"};
-  Action action;
-  setup_synth(app, action);
   args.insert(args.begin(), "synth");
-  std::reverse(args.begin(), args.end());  // CLI11 takes the arguments in reverse order
-  app.parse(args);
-  return action();
+  return llmdiff::testing::CliCommand(args).run();
 }
 
 }  // namespace
@@ -197,9 +185,9 @@ TEST(CliSynth, SameSeedSameBytesOtherSeedOtherWeights) {
   synth(a, "tiny-qwen3", DType::BF16, 7, 2000000000ULL, 1);
   synth(b, "tiny-qwen3", DType::BF16, 7, 2000000000ULL, 2);
   synth(c, "tiny-qwen3", DType::BF16, 8);
-  EXPECT_EQ(read_bytes(a + "/model.safetensors"), read_bytes(b + "/model.safetensors"));
-  EXPECT_EQ(read_bytes(a + "/config.json"), read_bytes(b + "/config.json"));
-  EXPECT_EQ(read_bytes(a + "/config.json"), read_bytes(c + "/config.json"));
+  EXPECT_EQ(read_text(a + "/model.safetensors"), read_text(b + "/model.safetensors"));
+  EXPECT_EQ(read_text(a + "/config.json"), read_text(b + "/config.json"));
+  EXPECT_EQ(read_text(a + "/config.json"), read_text(c + "/config.json"));
   const Model ma = Model::load(a), mc = Model::load(c);
   for (const std::string name : {"model.embed_tokens.weight", "model.layers.3.self_attn.k_norm.weight",
                                  "model.layers.0.mlp.up_proj.weight", "model.norm.weight"}) {
@@ -215,7 +203,7 @@ TEST(CliSynth, ShardedCheckpointLoadsThroughTheIndex) {
   const SynthResult r = synth(many, "tiny-qwen2", DType::F32, 5, 7000000);
   ASSERT_GT(r.files.size(), 2u);
   EXPECT_FALSE(fs::exists(many + "/model.safetensors"));
-  const auto index = nlohmann::json::parse(read_bytes(many + "/model.safetensors.index.json"));
+  const auto index = nlohmann::json::parse(read_text(many + "/model.safetensors.index.json"));
   EXPECT_EQ(index["metadata"]["total_size"].get<uint64_t>(), r.data_bytes);
   EXPECT_EQ(index["weight_map"].size(), r.tensors);
   for (const auto& f : r.files) {
@@ -236,7 +224,7 @@ TEST(CliSynth, ShardedCheckpointLoadsThroughTheIndex) {
   synth(many, "tiny-qwen2", DType::F32, 5);
   for (const auto& f : r.files) EXPECT_FALSE(fs::exists(many + "/" + f)) << f;
   EXPECT_FALSE(fs::exists(many + "/model.safetensors.index.json"));
-  EXPECT_EQ(read_bytes(many + "/model.safetensors"), read_bytes(one + "/model.safetensors"));
+  EXPECT_EQ(read_text(many + "/model.safetensors"), read_text(one + "/model.safetensors"));
   for (const auto& e : fs::directory_iterator(many.path))
     EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
 }
@@ -268,10 +256,10 @@ TEST(CliSynth, LeavesARealCheckpointAloneUnlessForced) {
   fs::create_directories(dir.path);
   const std::string golden = llmdiff::testing::golden_model("llama-gqa");
   for (const char* f : {"/config.json", "/model.safetensors"}) fs::copy_file(golden + f, dir + f);
-  const std::string before = read_bytes(dir + "/model.safetensors");
+  const std::string before = read_text(dir + "/model.safetensors");
   EXPECT_THROW(synth(dir, "tiny-llama3", DType::F32, 1), UsageError);
-  EXPECT_EQ(read_bytes(dir + "/model.safetensors"), before);
-  EXPECT_EQ(read_bytes(dir + "/config.json"), read_bytes(golden + "/config.json"));
+  EXPECT_EQ(read_text(dir + "/model.safetensors"), before);
+  EXPECT_EQ(read_text(dir + "/config.json"), read_text(golden + "/config.json"));
 
   SynthOptions o;
   o.config_json = synth_preset_config("tiny-llama3");

@@ -4,7 +4,6 @@
 // asserts a speed.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
@@ -13,11 +12,11 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/bench_support.h"
-#include "cli/commands.h"
 #include "cli/synth.h"
 #include "dumps/errors.h"
 #include "dumps/weights.h"
-#include "support.h"
+#include "tests/cli_runner.h"
+#include "tests/support.h"
 
 using namespace llmdiff;
 using namespace llmdiff::cli;
@@ -78,18 +77,11 @@ TEST(CliSynthBench, CommandReportsBothEnginesAndTheEndToEndDiff) {
   so.seed = 2;
   const SynthResult synth = write_synth_checkpoint(dir, so);
 
-  CLI::App app{"llmdiff"};
-  Action action;
-  setup_bench(app, action);
-  std::vector<std::string> args = {"bench", "--model", dir, "--prompt", "12", "--decode", "3", "--repeats", "2",
-                                   "--bandwidth-mib", "16", "--e2e", "--e2e-decode", "2", "--json"};
-  std::reverse(args.begin(), args.end());
-  app.parse(args);
-  ::testing::internal::CaptureStdout();
-  const int rc = action();
-  const std::string text = ::testing::internal::GetCapturedStdout();
-  ASSERT_EQ(rc, 0) << text;
-  const auto j = nlohmann::json::parse(text);
+  const llmdiff::testing::CliRun run =
+      llmdiff::testing::run_cli({"bench", "--model", dir, "--prompt", "12", "--decode", "3", "--repeats", "2",
+                                 "--bandwidth-mib", "16", "--e2e", "--e2e-decode", "2", "--json"});
+  ASSERT_EQ(run.code, 0) << run.out << run.error;
+  const auto j = nlohmann::json::parse(run.out);
 
   EXPECT_EQ(j["weight_bytes"].get<uint64_t>(), synth.data_bytes);
   EXPECT_EQ(j["parameters"].get<uint64_t>(), synth.parameters);

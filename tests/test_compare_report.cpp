@@ -5,10 +5,8 @@
 
 #include <dirent.h>
 
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
-#include <sstream>
 
 #include "compare/report.h"
 #include "dumps/errors.h"
@@ -230,10 +228,7 @@ TEST(CompareReport, AtomicWriteLeavesNoTemporaries) {
   std::string path = temp_path("report.md");
   write_text_atomic(path, "first\n");
   write_text_atomic(path, "second\n");
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  EXPECT_EQ(ss.str(), "second\n");
+  EXPECT_EQ(read_text(path), "second\n");
   std::string dir = path.substr(0, path.rfind('/'));
   DIR* d = opendir(dir.c_str());
   ASSERT_NE(d, nullptr);

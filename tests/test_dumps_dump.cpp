@@ -300,6 +300,18 @@ TEST(MemoryDump, StepTokensNeedsEveryStepsIntegerTokens) {
   EXPECT_EQ(n.num_steps(), 3);
 }
 
+TEST(TensorData, FloatsWidensIntegersAndKeepsFloats) {
+  const DumpFile golden(golden_dump("llama-gqa", "decode"));
+  const TensorData tokens = golden.get("step0.tokens");
+  ASSERT_TRUE(tokens.is_int);
+  const std::vector<float> tf = tokens.floats();
+  ASSERT_EQ(tf.size(), tokens.i.size());
+  for (size_t k = 0; k < tf.size(); ++k) EXPECT_EQ(tf[k], float(tokens.i[k])) << k;
+  const TensorData embed = golden.get("step0.embed");
+  ASSERT_FALSE(embed.is_int);
+  EXPECT_EQ(embed.floats(), embed.f);
+}
+
 TEST(MemoryDump, GoldenDumpSurvivesSaveAndReload) {
   DumpFile golden(golden_dump("qwen2-bias", "decode"));
   MemoryDump m(golden.label());

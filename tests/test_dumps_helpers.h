@@ -29,11 +29,6 @@ inline Bytes read_bytes(const std::string& path) {
   return Bytes(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-inline std::string read_text(const std::string& path) {
-  Bytes b = read_bytes(path);
-  return std::string(b.begin(), b.end());
-}
-
 inline void write_bytes(const std::string& path, const Bytes& b) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));

@@ -1,0 +1,39 @@
+// A checkpoint's weights as libtorch tensors of one compute dtype: what the
+// ref engine's forward and the local-error recomputation (cli/oracle.cpp)
+// multiply with.
+#pragma once
+#include <torch/torch.h>
+
+#include <vector>
+
+#include "dumps/weights.h"
+
+namespace llmdiff::ref {
+
+// A weight as a tensor of dtype `st`: the mmapped bytes themselves when the
+// stored dtype is `st`, else a converted copy (made once). Undefined for an
+// absent optional weight. Throws FormatError for a stored dtype other than
+// F32, BF16 or F16.
+torch::Tensor weight_tensor(const WeightView& w, torch::ScalarType st);
+
+// Every weight of a ModelWeights through weight_tensor. Tensors may alias the
+// checkpoint's mmap: the ModelWeights must outlive them. Nothing is checked
+// against the config here (absent optional weights stay undefined).
+struct RefWeights {
+  struct Layer {
+    torch::Tensor input_norm, post_attn_norm;      // [D]
+    torch::Tensor q, k, v, o;                      // [Hq*Dh, D], [Hkv*Dh, D] x2, [D, Hq*Dh]
+    torch::Tensor q_bias, k_bias, v_bias, o_bias;  // undefined when absent
+    torch::Tensor q_norm, k_norm;                  // [Dh], Qwen3 only
+    torch::Tensor gate, up, down;                  // [F, D], [F, D], [D, F]
+  };
+  torch::ScalarType st = torch::kFloat;
+  torch::Tensor embed, final_norm;  // [V, D], [D]
+  torch::Tensor lm_head;            // [V, D]; the embed tensor itself when tied
+  std::vector<Layer> layers;
+
+  RefWeights() = default;
+  RefWeights(const ModelWeights& w, torch::ScalarType st);
+};
+
+}  // namespace llmdiff::ref
