@@ -35,6 +35,18 @@ int run_run(const RunOptions& o) {
     return s;
   }());
   cand.mutable_manifest() = make_manifest(*engine, m.model, o.model, sc);
+  // --sites: the impl records only those names (unrecorded sites cost nothing);
+  // a glob without a step prefix applies to every step, as in the comparison.
+  std::vector<std::string> record;
+  for (const auto& g : split_list(o.bisect.sites)) {
+    record.push_back(g);
+    if (g.compare(0, 4, "step") != 0) record.push_back("step*." + g);
+  }
+  if (!record.empty()) {
+    // The forward calls themselves are always kept: the ref replays them.
+    for (const char* g : {"step*.tokens", "step*.positions", "generated"}) record.push_back(g);
+  }
+  cand.set_filter(record);
   run_scenario(*engine, sc, cand);
   if (!o.out.empty()) cand.save(o.out);
   compare::BisectResult r = bisect_candidate(m, cand, bisect_options(o.bisect));

@@ -55,8 +55,14 @@ class SelectiveDump : public MemoryDump {
 // ---------------------------------------------------------------------------
 // RefRunner
 
-RefRunner::RefRunner(const Model& model, std::string model_dir, int threads)
-    : model_(model), dir_(std::move(model_dir)), threads_(threads) {}
+std::shared_ptr<const ref::RefWeights> RefWeightCache::get(ComputeDType dtype) const {
+  auto& w = weights_[dtype];
+  if (!w) w = std::make_shared<const ref::RefWeights>(*model_.weights, ops::torch_dtype(dtype));
+  return w;
+}
+
+RefRunner::RefRunner(const Model& model, std::string model_dir, int threads, const RefWeightCache& weights)
+    : model_(model), dir_(std::move(model_dir)), threads_(threads), weights_(weights) {}
 RefRunner::~RefRunner() = default;
 
 std::unique_ptr<MemoryDump> RefRunner::run(const Scenario& sc, ComputeDType dtype,
@@ -66,7 +72,7 @@ std::unique_ptr<MemoryDump> RefRunner::run(const Scenario& sc, ComputeDType dtyp
     ref::RefOptions o;
     o.dtype = dtype;
     o.threads = threads_;
-    engine = ref::make_ref_engine(model_, o);
+    engine = ref::make_ref_engine(model_, o, weights_.get(dtype));
   }
   auto dump = std::make_unique<SelectiveDump>(std::string("ref ") + compute_dtype_name(dtype), wanted);
   dump->mutable_manifest() = make_manifest(*engine, model_, dir_, sc);
@@ -524,19 +530,15 @@ class Recompute {
 
 }  // namespace
 
-RefLocalOracle::RefLocalOracle(const Model& model) : model_(model) {}
+RefLocalOracle::RefLocalOracle(const Model& model, const RefWeightCache& weights)
+    : model_(model), weights_(weights) {}
 RefLocalOracle::~RefLocalOracle() = default;
-
-const ref::RefWeights& RefLocalOracle::weights(ComputeDType dtype) const {
-  auto& w = weights_[dtype];
-  if (!w) w = std::make_unique<ref::RefWeights>(*model_.weights, ops::torch_dtype(dtype));
-  return *w;
-}
 
 std::unique_ptr<compare::Recomputed> RefLocalOracle::recompute(const TensorSource& dump, ComputeDType dtype,
                                                                const compare::Hypothesis* h) const {
   auto out = std::make_unique<compare::Recomputed>();
-  Recompute pass(model_.config, weights(dtype), dump, h);
+  const std::shared_ptr<const ref::RefWeights> w = weights_.get(dtype);
+  Recompute pass(model_.config, *w, dump, h);
   pass.run(*out);
   return out;
 }
@@ -557,8 +559,9 @@ bool RefLocalOracle::supports(const compare::Hypothesis& h) const {
 ModelOracles::ModelOracles(const std::string& model_dir, int threads)
     : dir(model_dir),
       model(Model::load(model_dir)),
-      reference(model, model_dir, threads),
-      oracle(model),
+      weights(model),
+      reference(model, model_dir, threads, weights),
+      oracle(model, weights),
       hypotheses(model, threads) {}
 
 compare::BisectResult bisect_candidate(const ModelOracles& m, const TensorSource& cand,

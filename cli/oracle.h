@@ -24,9 +24,22 @@ struct RefWeights;  // ref/weights.h
 
 namespace llmdiff::cli {
 
+// The checkpoint as ref tensors, one copy per compute dtype, built on first
+// use and shared by the reference runs and the local-error oracle (a 1B model
+// in float64 is 9 GB: it must exist once).
+class RefWeightCache {
+ public:
+  explicit RefWeightCache(const Model& model) : model_(model) {}
+  std::shared_ptr<const ref::RefWeights> get(ComputeDType dtype) const;
+
+ private:
+  const Model& model_;
+  mutable std::map<ComputeDType, std::shared_ptr<const ref::RefWeights>> weights_;
+};
+
 class RefRunner : public compare::ReferenceRunner {
  public:
-  RefRunner(const Model& model, std::string model_dir, int threads);
+  RefRunner(const Model& model, std::string model_dir, int threads, const RefWeightCache& weights);
   ~RefRunner() override;
   std::unique_ptr<MemoryDump> run(const Scenario& sc, ComputeDType dtype,
                                   const std::vector<std::string>& wanted = {}) const override;
@@ -36,23 +49,22 @@ class RefRunner : public compare::ReferenceRunner {
   const Model& model_;
   std::string dir_;
   int threads_;
+  const RefWeightCache& weights_;
   mutable std::map<ComputeDType, std::unique_ptr<Engine>> engines_;  // built on first use
 };
 
 class RefLocalOracle : public compare::LocalOracle {
  public:
   // libtorch's thread count is the one the RefRunner's engines set.
-  explicit RefLocalOracle(const Model& model);
+  RefLocalOracle(const Model& model, const RefWeightCache& weights);
   ~RefLocalOracle() override;
   std::unique_ptr<compare::Recomputed> recompute(const TensorSource& dump, ComputeDType dtype,
                                                  const compare::Hypothesis* h = nullptr) const override;
   bool supports(const compare::Hypothesis& h) const override;
 
  private:
-  // The checkpoint as tensors of one dtype, the ref engine's own (built on first use).
-  const ref::RefWeights& weights(ComputeDType dtype) const;
   const Model& model_;
-  mutable std::map<ComputeDType, std::unique_ptr<ref::RefWeights>> weights_;
+  const RefWeightCache& weights_;
 };
 
 class ImplHypothesisRunner : public compare::HypothesisRunner {
@@ -83,6 +95,7 @@ struct ModelOracles {
   ModelOracles& operator=(const ModelOracles&) = delete;
   std::string dir;
   Model model;
+  RefWeightCache weights;
   RefRunner reference;
   RefLocalOracle oracle;
   ImplHypothesisRunner hypotheses;

@@ -523,12 +523,17 @@ void replay_evidence(const Context& cx, HypothesisEvidence& e) {
     const TensorComparison* cmp = in.global->find(name);
     if (!cmp) continue;
     Agreement ag = agreement(run->get(name), in.cand->get(name), cmp, in.dtype);
-    // Where the candidate diverges, the hypothesis must also reproduce it
-    // clearly better than the clean model does.
-    if (!cmp->pass && ag.agree) {
+    if (!cmp->pass) {
       auto c = cx.clean_rmse.find(name);
-      if (c != cx.clean_rmse.end() && std::isfinite(c->second) && !(ag.rmse <= kBeatClean * c->second))
-        ag.agree = false;
+      if (c != cx.clean_rmse.end()) {
+        // Where the clean run already reproduces the candidate, its divergence
+        // from the reference is no bug's doing (e.g. the candidate rounds like
+        // the hypothesis engine): such a name is evidence for no hypothesis.
+        if (c->second <= ag.threshold) continue;
+        // Elsewhere the hypothesis must reproduce the divergence clearly
+        // better than the clean run does.
+        if (ag.agree && std::isfinite(c->second) && !(ag.rmse <= kBeatClean * c->second)) ag.agree = false;
+      }
     }
     ++e.replay_compared;
     if (ag.agree)

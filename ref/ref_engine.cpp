@@ -72,7 +72,8 @@ void check_weights_match(const ModelConfig& c, const ModelConfig& loaded) {
 
 class RefEngine : public Engine {
  public:
-  RefEngine(const Model& model, ComputeDType dtype) : model_(model), cfg_(model_.config), dtype_(dtype) {
+  RefEngine(const Model& model, ComputeDType dtype, std::shared_ptr<const RefWeights> shared)
+      : model_(model), cfg_(model_.config), dtype_(dtype) {
     if (!model_.weights) throw UsageError("the ref needs a model with weights");
     check_config(cfg_);
     check_weights_match(cfg_, model_.weights->config());
@@ -82,8 +83,11 @@ class RefEngine : public Engine {
     n_rep_ = cfg_.num_attention_heads / cfg_.num_key_value_heads;
     scaling_ = std::pow(double(cfg_.head_dim), -0.5);  // self.head_dim**-0.5
 
-    w_ = RefWeights(*model_.weights, st_);
-    for (const RefWeights::Layer& L : w_.layers) {
+    if (shared && shared->st != st_)
+      throw UsageError(std::string("ref: shared weights are ") + c10::toString(shared->st) + ", the engine computes in " +
+                       compute_dtype_name(dtype_));
+    w_ = shared ? shared : std::make_shared<const RefWeights>(*model_.weights, st_);
+    for (const RefWeights::Layer& L : w_->layers) {
       if (cfg_.qkv_bias && !(L.q_bias.defined() && L.k_bias.defined() && L.v_bias.defined()))
         throw ConfigError(cfg_.source, "config asks for q/k/v biases but the checkpoint lacks them");
       if (cfg_.o_bias && !L.o_bias.defined())
@@ -91,8 +95,8 @@ class RefEngine : public Engine {
       if (cfg_.qk_norm && !(L.q_norm.defined() && L.k_norm.defined()))
         throw ConfigError(cfg_.source, "Qwen3 needs q_norm/k_norm weights, the checkpoint lacks them");
     }
-    if (int64_t(w_.layers.size()) != cfg_.num_hidden_layers)
-      throw ConfigError(cfg_.source, "the checkpoint holds " + std::to_string(w_.layers.size()) +
+    if (int64_t(w_->layers.size()) != cfg_.num_hidden_layers)
+      throw ConfigError(cfg_.source, "the checkpoint holds " + std::to_string(w_->layers.size()) +
                                          " layers, the config " + std::to_string(cfg_.num_hidden_layers));
 
     // LlamaRotaryEmbedding.__init__: inv_freq from the config, seq_len unset.
@@ -106,8 +110,8 @@ class RefEngine : public Engine {
   // rotary module (dynamic_rope_update) belongs to the model, not to the
   // cache, so it persists, as in HF; a new engine is a freshly loaded model.
   void reset() override {
-    k_cache_.assign(w_.layers.size(), torch::Tensor());
-    v_cache_.assign(w_.layers.size(), torch::Tensor());
+    k_cache_.assign(w_->layers.size(), torch::Tensor());
+    v_cache_.assign(w_->layers.size(), torch::Tensor());
     cached_ = 0;
   }
 
@@ -153,7 +157,9 @@ class RefEngine : public Engine {
   torch::ScalarType st_ = torch::kFloat, rope_dtype_ = torch::kFloat;
   int64_t n_rep_ = 1;
   double scaling_ = 1.0;
-  RefWeights w_;  // in place from the mmap where the stored dtype is the compute dtype
+  // In place from the mmap where the stored dtype is the compute dtype; may be
+  // shared with other users of the same model at the same dtype.
+  std::shared_ptr<const RefWeights> w_;
   // DynamicCache: per layer [Hkv, P, Dh], undefined before the first call
   std::vector<torch::Tensor> k_cache_, v_cache_;
   int64_t cached_ = 0;
@@ -192,11 +198,11 @@ std::vector<float> RefEngine::forward_impl(const std::vector<int64_t>& tokens, i
   torch::Tensor mask = ops::causal_mask(cfg_, T, P, st_);  // [T, S] additive
   emit(obs, site("mask"), ops::mask_allowed(mask));
 
-  torch::Tensor h = ops::embed(w_.embed, ids);  // [T, D]
+  torch::Tensor h = ops::embed(w_->embed, ids);  // [T, D]
   emit(obs, site("embed"), h);
 
-  for (size_t li = 0; li < w_.layers.size(); ++li) {
-    const RefWeights::Layer& L = w_.layers[li];
+  for (size_t li = 0; li < w_->layers.size(); ++li) {
+    const RefWeights::Layer& L = w_->layers[li];
     auto lsite = [&](const std::string& s) { return layer_name(step, int(li), s); };
 
     // LlamaDecoderLayer: input_layernorm -> self_attn
@@ -268,10 +274,10 @@ std::vector<float> RefEngine::forward_impl(const std::vector<int64_t>& tokens, i
   cached_ = S;
 
   // LlamaModel.norm, then LlamaForCausalLM.lm_head over every position
-  torch::Tensor final_norm = ops::rms_norm(h, w_.final_norm, eps);  // [T, D]
+  torch::Tensor final_norm = ops::rms_norm(h, w_->final_norm, eps);  // [T, D]
   emit(obs, site("final_norm"), final_norm);
   emit(obs, site("last_hidden"), final_norm[T - 1]);  // [D]
-  torch::Tensor logits = ops::linear(final_norm, w_.lm_head, {});  // [T, V]
+  torch::Tensor logits = ops::linear(final_norm, w_->lm_head, {});  // [T, V]
   emit(obs, site("logits"), logits);
   torch::Tensor next = logits[T - 1].to(torch::kFloat).contiguous();  // [V]
   emit(obs, site("next_logits"), next);
@@ -280,12 +286,13 @@ std::vector<float> RefEngine::forward_impl(const std::vector<int64_t>& tokens, i
 
 }  // namespace
 
-std::unique_ptr<Engine> make_ref_engine(const Model& model, const RefOptions& opt) {
+std::unique_ptr<Engine> make_ref_engine(const Model& model, const RefOptions& opt,
+                                        std::shared_ptr<const RefWeights> weights) {
   if (opt.threads < 0) throw UsageError("--threads must be >= 0, got " + std::to_string(opt.threads));
   const int threads = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
   at::set_num_threads(threads);
   try {
-    return std::make_unique<RefEngine>(model, opt.dtype);
+    return std::make_unique<RefEngine>(model, opt.dtype, std::move(weights));
   } catch (const c10::Error& e) {
     throw Error(model.config.source + ": libtorch: " + e.what_without_backtrace());
   }

@@ -20,6 +20,11 @@ struct RefOptions {
 // place from the mmap; others are converted once here. The engine stands for
 // one loaded HF model: reset() starts a fresh DynamicCache, while model state
 // (dynamic-NTK RoPE growth) persists as it does in HF.
-std::unique_ptr<Engine> make_ref_engine(const Model& model, const RefOptions& opt);
+// `weights`, when given, are used instead of converting the checkpoint again
+// (they must be of opt.dtype): several engines and the local-error oracle then
+// share one copy of a large model.
+struct RefWeights;
+std::unique_ptr<Engine> make_ref_engine(const Model& model, const RefOptions& opt,
+                                        std::shared_ptr<const RefWeights> weights = nullptr);
 
 }  // namespace llmdiff::ref

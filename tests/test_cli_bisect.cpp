@@ -325,6 +325,41 @@ TEST(BisectCommands, RunWithAnInjectedBugPrintsTheDiagnosis) {
     EXPECT_EQ(e.path().filename().string().find("bisect-report.md.tmp"), std::string::npos) << "temporary left behind";
 }
 
+// A clean impl judged by a zero tolerance diverges everywhere (honest
+// rounding against the ref), yet no zoo bug may be named: the clean impl run
+// reproduces the candidate as well as any hypothesis does.
+TEST(BisectCommands, RoundingDivergenceOfACleanRunNamesNoBug) {
+  const std::string model = golden_model("llama-gqa"), replay = golden_dump("llama-gqa", "decode");
+  CliRun t = run_cli({"run", "--model", model, "--replay", replay, "--threads", "1", "--no-noise-floor", "--atol",
+                      "0", "--rtol", "0", "--json"});
+  ASSERT_EQ(t.code, 1) << t.error;
+  nlohmann::json doc = nlohmann::json::parse(t.out);
+  EXPECT_FALSE(doc["first_divergence"].is_null());
+  EXPECT_TRUE(doc["diagnosis"]["bug"].is_null()) << doc["diagnosis"].dump(2);
+}
+
+TEST(BisectCommands, RunRecordsOnlyTheRequestedSites) {
+  const std::string model = golden_model("qwen3-qknorm"), replay = golden_dump("qwen3-qknorm", "decode");
+  const std::string out = temp_path("run-sites.safetensors");
+  CliRun t = run_cli({"run", "--model", model, "--replay", replay, "--inject", "gate-up-swap", "--threads", "1",
+                      "--sites", "layers.?.out,logits", "--out", out, "--json"});
+  ASSERT_EQ(t.code, 1) << t.error;
+  nlohmann::json doc = nlohmann::json::parse(t.out);
+  EXPECT_EQ(doc["first_divergence"], "step0.layers.0.out");
+  EXPECT_EQ(doc["diagnosis"]["bug"], "gate-up-swap");
+  // The candidate held only the requested sites and the forward calls' inputs.
+  DumpFile d(out);
+  for (const auto& name : d.names()) {
+    const CanonName c = parse_name(name);
+    const bool kept = name == "generated" || c.site == "tokens" || c.site == "positions" || c.site == "out" ||
+                      c.site == "logits";
+    EXPECT_TRUE(kept) << name;
+  }
+  EXPECT_TRUE(d.has("step3.layers.1.out"));
+  EXPECT_TRUE(d.has("step0.logits"));
+  EXPECT_FALSE(d.has("step0.layers.0.attn.q"));
+}
+
 TEST(BisectCommands, BisectOfAnExternalDump) {
   const std::string model = golden_model("qwen2-bias");
   CliRun ok = run_cli({"bisect", "--model", model, golden_dump("qwen2-bias", "chunked"), "--threads", "1"});
