@@ -336,6 +336,17 @@ TEST(BisectCommands, RoundingDivergenceOfACleanRunNamesNoBug) {
   nlohmann::json doc = nlohmann::json::parse(t.out);
   EXPECT_FALSE(doc["first_divergence"].is_null());
   EXPECT_TRUE(doc["diagnosis"]["bug"].is_null()) << doc["diagnosis"].dump(2);
+
+  // Without local errors the clean run's agreement at the divergence settles
+  // it before any hypothesis is replayed.
+  CliRun n = run_cli({"run", "--model", model, "--replay", replay, "--threads", "1", "--no-noise-floor", "--atol",
+                      "0", "--rtol", "0", "--no-local", "--json"});
+  ASSERT_EQ(n.code, 1) << n.error;
+  nlohmann::json nd = nlohmann::json::parse(n.out);
+  EXPECT_TRUE(nd["diagnosis"]["bug"].is_null()) << nd["diagnosis"].dump(2);
+  EXPECT_NE(nd["diagnosis"]["evidence"].get<std::string>().find("the clean implementation reproduces the candidate"),
+            std::string::npos)
+      << nd["diagnosis"].dump(2);
 }
 
 TEST(BisectCommands, RunRecordsOnlyTheRequestedSites) {
