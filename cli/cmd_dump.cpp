@@ -14,8 +14,8 @@ namespace llmdiff::cli {
 
 struct DumpOptions {
   std::string engine = "ref";
-  std::string model, tokens, replay, chunks, sites, out;
-  int decode = 0;
+  std::string model, sites, out;
+  ScenarioCliOptions scenario;
   EngineOptions engine_opts;
   bool list_bugs = false;
 };
@@ -32,7 +32,7 @@ int run_dump(const DumpOptions& o) {
   if (o.model.empty()) throw UsageError("--model is required");
   if (o.out.empty()) throw UsageError("--out is required");
   Model model = Model::load(o.model);
-  Scenario sc = scenario_from_options(o.tokens, o.replay, o.chunks, o.decode);
+  Scenario sc = o.scenario.scenario();
   auto engine = make_engine(o.engine, model, o.engine_opts);
   DumpWriter writer(o.out);
   if (!o.sites.empty()) writer.set_filter(split_list(o.sites));
@@ -55,10 +55,7 @@ void setup_dump(CLI::App& app, Action& action) {
   sub->add_option("--engine", o->engine, "ref (libtorch, HF numerics) or impl (plain C++)")
       ->check(CLI::IsMember({"ref", "impl"}));
   sub->add_option("--model", o->model, "HF model directory (config.json + safetensors)");
-  sub->add_option("--tokens", o->tokens, "prompt token ids, comma separated");
-  sub->add_option("--replay", o->replay, "re-run exactly the forward calls of this dump");
-  sub->add_option("--decode", o->decode, "greedy decode steps after the prompt")->check(CLI::NonNegativeNumber);
-  sub->add_option("--chunks", o->chunks, "chunked prefill: chunk sizes, comma separated");
+  add_scenario_options(*sub, o->scenario);
   sub->add_option("--dtype", o->engine_opts.dtype, "ref compute dtype: float32, bfloat16, float16, float64 "
                                                    "(default: the checkpoint's torch_dtype)");
   sub->add_option("--threads", o->engine_opts.threads, "threads (default: all cores)")->check(CLI::NonNegativeNumber);

@@ -11,8 +11,8 @@
 namespace llmdiff::cli {
 
 struct RunOptions {
-  std::string model, tokens, replay, chunks, out;
-  int decode = 0;
+  std::string model, out;
+  ScenarioCliOptions scenario;
   std::vector<std::string> inject;
   int64_t max_seq = 0;
   BisectCliOptions bisect;
@@ -22,7 +22,7 @@ namespace {
 
 int run_run(const RunOptions& o) {
   if (o.model.empty()) throw UsageError("--model is required");
-  Scenario sc = scenario_from_options(o.tokens, o.replay, o.chunks, o.decode);
+  Scenario sc = o.scenario.scenario();
   ModelOracles m(o.model, o.bisect.threads);
   EngineOptions eo;
   eo.threads = o.bisect.threads;
@@ -61,10 +61,7 @@ void setup_run(CLI::App& app, Action& action) {
       "run", "Run the impl (optionally with zoo bugs) against the ref in one process: first divergence, local "
              "errors and diagnosis");
   sub->add_option("--model", o->model, "HF model directory (config.json + safetensors)");
-  sub->add_option("--tokens", o->tokens, "prompt token ids, comma separated");
-  sub->add_option("--replay", o->replay, "run exactly the forward calls of this dump");
-  sub->add_option("--decode", o->decode, "greedy decode steps after the prompt")->check(CLI::NonNegativeNumber);
-  sub->add_option("--chunks", o->chunks, "chunked prefill: chunk sizes, comma separated");
+  add_scenario_options(*sub, o->scenario);
   sub->add_option("--inject", o->inject, "switch on a bug of the zoo in the impl (repeatable; see dump --list-bugs)");
   sub->add_option("--max-seq", o->max_seq, "impl KV cache capacity (default: max_position_embeddings)")
       ->check(CLI::NonNegativeNumber);

@@ -103,4 +103,11 @@ std::string dir_name(const std::string& path) {
   return slash == std::string::npos ? p : p.substr(slash + 1);
 }
 
+void add_scenario_options(CLI::App& sub, ScenarioCliOptions& o) {
+  sub.add_option("--tokens", o.tokens, "prompt token ids, comma separated");
+  sub.add_option("--replay", o.replay, "re-run exactly the forward calls of this dump");
+  sub.add_option("--decode", o.decode, "greedy decode steps after the prompt")->check(CLI::NonNegativeNumber);
+  sub.add_option("--chunks", o.chunks, "chunked prefill: chunk sizes, comma separated");
+}
+
 }  // namespace llmdiff::cli

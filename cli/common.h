@@ -1,6 +1,7 @@
 // Pieces shared by the subcommands: parsing option values, building engines,
 // filling manifests.
 #pragma once
+#include <CLI/CLI.hpp>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,6 +35,14 @@ Manifest make_manifest(const Engine& engine, const Model& model, const std::stri
 // of tokens/replay must be given).
 Scenario scenario_from_options(const std::string& tokens, const std::string& replay, const std::string& chunks,
                                int decode);
+
+// --tokens/--replay/--decode/--chunks, shared by the commands that run a model.
+struct ScenarioCliOptions {
+  std::string tokens, replay, chunks;
+  int decode = 0;
+  Scenario scenario() const { return scenario_from_options(tokens, replay, chunks, decode); }
+};
+void add_scenario_options(CLI::App& sub, ScenarioCliOptions& o);
 
 // Writes a side output of a command (a Markdown report, JUnit XML) to `path`
 // atomically and says "wrote WHAT PATH": on stderr when stdout carries JSON,

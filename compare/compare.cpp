@@ -19,13 +19,6 @@ namespace llmdiff::compare {
 namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// Integer values widened to float.
-std::vector<float> as_float(const TensorData& t) {
-  std::vector<float> out(t.i.size());
-  for (size_t k = 0; k < t.i.size(); ++k) out[k] = float(t.i[k]);
-  return out;
-}
-
 std::string nonfinite_words(const NonFiniteCounts& c, const Shape& shape) {
   std::string s;
   if (c.nan) s += std::to_string(c.nan) + " NaN (first at " + index_str(unravel(c.first_nan, shape)) + ")";
@@ -211,13 +204,13 @@ TensorComparison compare_tensors(const TensorData& ref, const TensorData& cand, 
   if (ref.is_int) {
     rview = ref;
     rview.is_int = false;
-    rview.f = as_float(ref);
+    rview.f = ref.floats();
     rp = &rview;
   }
   if (cand.is_int) {
     cview = cand;
     cview.is_int = false;
-    cview.f = as_float(cand);
+    cview.f = cand.floats();
     cp = &cview;
   }
   measure_floats(c, rp->f.data(), cp->f.data(), ref.shape, ctx);

@@ -300,17 +300,10 @@ std::optional<LayoutFinding> cache_length(const std::string& name, const TensorD
   return f;
 }
 
-std::vector<float> as_float(const TensorData& t) {
-  if (!t.is_int) return t.f;
-  std::vector<float> out(t.i.size());
-  for (size_t k = 0; k < t.i.size(); ++k) out[k] = float(t.i[k]);
-  return out;
-}
-
 TensorData float_copy(const TensorData& t) {
   if (!t.is_int) return t;
   TensorData c = t;
-  c.f = as_float(t);
+  c.f = t.floats();
   c.i.clear();
   c.is_int = false;
   return c;
