@@ -22,8 +22,10 @@ int run_bisect(const BisectCommandOptions& o) {
   if (o.model.empty()) throw UsageError("--model is required (the HF model directory the candidate ran)");
   if (o.candidate.empty()) throw UsageError("a candidate dump is required");
   DumpFile cand(o.candidate);
+  PhaseLog log(o.bisect.verbose);
   ModelOracles m(o.model, o.bisect.threads);
-  compare::BisectResult r = bisect_candidate(m, cand, bisect_options(o.bisect));
+  log("model loaded");
+  compare::BisectResult r = bisect_candidate(m, cand, bisect_options(o.bisect, &log));
   return emit_bisect(r, o.bisect);
 }
 

@@ -23,7 +23,9 @@ namespace {
 int run_run(const RunOptions& o) {
   if (o.model.empty()) throw UsageError("--model is required");
   Scenario sc = o.scenario.scenario();
+  PhaseLog log(o.bisect.verbose);
   ModelOracles m(o.model, o.bisect.threads);
+  log("model loaded");
   EngineOptions eo;
   eo.threads = o.bisect.threads;
   eo.max_seq = o.max_seq;
@@ -48,8 +50,10 @@ int run_run(const RunOptions& o) {
   }
   cand.set_filter(record);
   run_scenario(*engine, sc, cand);
+  engine.reset();  // its KV cache and scratch are not needed any more
+  log("candidate run (impl)");
   if (!o.out.empty()) cand.save(o.out);
-  compare::BisectResult r = bisect_candidate(m, cand, bisect_options(o.bisect));
+  compare::BisectResult r = bisect_candidate(m, cand, bisect_options(o.bisect, &log));
   return emit_bisect(r, o.bisect);
 }
 

@@ -1,5 +1,10 @@
 #include "cli/common.h"
 
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdio>
+
 #include <fmt/core.h>
 
 #include <thread>
@@ -94,6 +99,23 @@ Scenario scenario_from_options(const std::string& tokens, const std::string& rep
 void write_side_output(const std::string& path, const std::string& text, const std::string& what, bool json) {
   compare::write_text_atomic(path, text);
   fmt::print(json ? stderr : stdout, "wrote {} {}\n", what, path);
+}
+
+namespace {
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+PhaseLog::PhaseLog(bool enabled) : enabled_(enabled), start_(now_seconds()) {}
+
+void PhaseLog::operator()(const std::string& what) const {
+  if (!enabled_) return;
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  std::fprintf(stderr, "[%7.1f s, peak %5.1f GB] %s\n", now_seconds() - start_, double(ru.ru_maxrss) * 1024.0 / 1e9,
+               what.c_str());
+  std::fflush(stderr);
 }
 
 std::string dir_name(const std::string& path) {

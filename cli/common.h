@@ -49,6 +49,19 @@ void add_scenario_options(CLI::App& sub, ScenarioCliOptions& o);
 // else on stdout.
 void write_side_output(const std::string& path, const std::string& text, const std::string& what, bool json);
 
+// --verbose: one line per finished phase on stderr with the wall time since
+// construction and the process's peak RSS ("[  12.3 s, peak 4.1 GB] what").
+class PhaseLog {
+ public:
+  explicit PhaseLog(bool enabled);
+  void operator()(const std::string& what) const;
+  bool enabled() const { return enabled_; }
+
+ private:
+  bool enabled_;
+  double start_;
+};
+
 // Basename of a directory path ("a/b/" -> "b").
 std::string dir_name(const std::string& path);
 

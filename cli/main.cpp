@@ -1,5 +1,7 @@
 // llmdiff: find where and why an LLM implementation diverges from HuggingFace.
 // Exit codes: 0 ok / within tolerance, 1 divergence found, 2 usage or input error.
+#include <malloc.h>
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
@@ -8,6 +10,13 @@
 #include "dumps/errors.h"
 
 int main(int argc, char** argv) {
+  // libtorch allocates a fresh buffer for every op result. With glibc's
+  // defaults, buffers of a few MB are mapped and unmapped each time, and the
+  // kernel zeroes every page again: a fifth of a 1B-model `run` went there.
+  // Serve them from the heap (largest threshold glibc allows); weights and
+  // other buffers over 32 MB are still mapped and returned when freed.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
   CLI::App app{"llmdiff: layer-by-layer diffs of LLM inference against HuggingFace transformers"};
   llmdiff::cli::Action action;
   llmdiff::cli::setup_commands(app, action);

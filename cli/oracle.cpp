@@ -56,6 +56,10 @@ class SelectiveDump : public MemoryDump {
 // RefRunner
 
 std::shared_ptr<const ref::RefWeights> RefWeightCache::get(ComputeDType dtype) const {
+  // One dtype's copy at a time: the previous one is freed (once its users
+  // let go) before the next is built.
+  for (auto it = weights_.begin(); it != weights_.end();)
+    it = it->first == dtype ? std::next(it) : weights_.erase(it);
   auto& w = weights_[dtype];
   if (!w) w = std::make_shared<const ref::RefWeights>(*model_.weights, ops::torch_dtype(dtype));
   return w;
@@ -67,6 +71,9 @@ RefRunner::~RefRunner() = default;
 
 std::unique_ptr<MemoryDump> RefRunner::run(const Scenario& sc, ComputeDType dtype,
                                            const std::vector<std::string>& wanted) const {
+  // An engine holds its dtype's weights: only the one asked for is kept.
+  for (auto it = engines_.begin(); it != engines_.end();)
+    it = it->first == dtype ? std::next(it) : engines_.erase(it);
   auto& engine = engines_[dtype];
   if (!engine) {
     ref::RefOptions o;
@@ -246,7 +253,32 @@ class Recompute {
 
   void run(compare::Recomputed& out) {
     torch::NoGradGuard no_grad;
-    for (const auto& name : dump_.names()) {
+    // Layer by layer, each for every step (a valid order: a layer reads the
+    // layer before and its own earlier steps). Once layer l is reached, the
+    // values of layer l-2 and earlier are dropped: the memo holds about two
+    // layers in float64 instead of the whole dump (4 GB for a 1B model).
+    std::vector<std::string> names = dump_.names();
+    auto phase = [](const CanonName& c) {
+      if (c.kind == CanonName::Kind::Layer) return 1;
+      if (c.kind == CanonName::Kind::Generated) return 2;
+      if (c.kind == CanonName::Kind::Step &&
+          (c.site == "final_norm" || c.site == "last_hidden" || c.site == "logits" || c.site == "next_logits"))
+        return 2;
+      return 0;
+    };
+    std::vector<std::pair<std::pair<int, int>, std::string>> order;
+    for (auto& n : names) {
+      CanonName c = parse_name(n);
+      order.push_back({{phase(c), c.kind == CanonName::Kind::Layer ? c.layer : 0}, std::move(n)});
+    }
+    std::stable_sort(order.begin(), order.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    int reached = -1;
+    for (const auto& [key, name] : order) {
+      if (key.first == 1 && key.second > reached) {
+        reached = key.second;
+        forget_layers_before(reached - 1);
+      }
       const Value* v = compute(name);
       if (!v || !v->t.defined()) continue;
       torch::Tensor t = v->t.contiguous();
@@ -311,6 +343,17 @@ class Recompute {
     reads.direct.push_back(short_name(name) + "*");
     reads.frontier.insert(v->frontier.begin(), v->frontier.end());
     return v->t;
+  }
+
+  // Drops the memoised and cached values of layers < `layer`.
+  void forget_layers_before(int layer) {
+    auto old = [&](const std::string& name) {
+      CanonName c = parse_name(name);
+      return c.kind == CanonName::Kind::Layer && c.layer < layer;
+    };
+    for (auto it = memo_.begin(); it != memo_.end();) it = old(it->first) ? memo_.erase(it) : std::next(it);
+    for (auto it = dump_cache_.begin(); it != dump_cache_.end();)
+      it = old(it->first) ? dump_cache_.erase(it) : std::next(it);
   }
 
   static std::string short_name(const std::string& name) {
@@ -584,10 +627,12 @@ void add_bisect_cli_options(CLI::App& sub, BisectCliOptions& o) {
   sub.add_flag("--all", o.all, "list every local site and every hypothesis tested");
   sub.add_option("--report", o.report, "also write a Markdown bisection report to this file");
   sub.add_option("--threads", o.threads, "threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  sub.add_flag("--verbose", o.verbose, "print each phase as it ends, with the elapsed time and peak memory, on stderr");
 }
 
-compare::BisectOptions bisect_options(const BisectCliOptions& o) {
+compare::BisectOptions bisect_options(const BisectCliOptions& o, const PhaseLog* log) {
   compare::BisectOptions b;
+  if (log && log->enabled()) b.progress = [log](const std::string& what) { (*log)(what); };
   b.compare.rtol = o.rtol;
   b.compare.atol = o.atol;
   for (const auto& t : o.tol) b.compare.overrides.push_back(compare::parse_tolerance_override(t));

@@ -14,6 +14,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli/common.h"
 #include "compare/diagnose.h"
 #include "dumps/engine.h"
 #include "dumps/weights.h"
@@ -24,9 +25,10 @@ struct RefWeights;  // ref/weights.h
 
 namespace llmdiff::cli {
 
-// The checkpoint as ref tensors, one copy per compute dtype, built on first
-// use and shared by the reference runs and the local-error oracle (a 1B model
-// in float64 is 9 GB: it must exist once).
+// The checkpoint as ref tensors in one compute dtype at a time, built on
+// first use and shared by the reference runs and the local-error oracle (a 1B
+// model is 4.4 GB in float32 and 8.8 GB in float64: asking for another dtype
+// drops the previous copy).
 class RefWeightCache {
  public:
   explicit RefWeightCache(const Model& model) : model_(model) {}
@@ -114,9 +116,11 @@ struct BisectCliOptions {
   bool json = false, all = false;
   std::string report;               // --report FILE.md
   int threads = 0;
+  bool verbose = false;             // --verbose: phase timings on stderr
 };
 void add_bisect_cli_options(CLI::App& sub, BisectCliOptions& o);
-compare::BisectOptions bisect_options(const BisectCliOptions& o);
+// `log` (when enabled) receives the pipeline's phases.
+compare::BisectOptions bisect_options(const BisectCliOptions& o, const PhaseLog* log = nullptr);
 // Prints the result (table or JSON), writes the Markdown report if asked;
 // returns the exit code (0 within tolerance, 1 divergence).
 int emit_bisect(const compare::BisectResult& r, const BisectCliOptions& o);

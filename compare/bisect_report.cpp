@@ -28,6 +28,9 @@ std::string criterion_text(const BisectResult& r) {
   if (r.noise_floor) {
     char m[16];
     std::snprintf(m, sizeof m, "%g", noise_multiplier(r.dtype));
+    if (!r.second_noise.empty())
+      return std::string("noise floor: RMSE vs the float64 reference <= ") + m + " x the larger RMSE of the reference at " +
+             compute_dtype_name(r.dtype) + " and the clean " + r.second_noise + " (float32) + floor";
     return std::string("noise floor: RMSE vs the float64 reference <= ") + m + " x the reference's own " +
            compute_dtype_name(r.dtype) + " RMSE + floor";
   }
@@ -134,6 +137,7 @@ json bisect_to_json(const BisectResult& r) {
             {"dtype_source", r.dtype_source},
             {"scenario", {{"name", r.scenario.name}, {"tokens_per_step", steps}, {"generated", r.scenario.emit_generated}}},
             {"criterion", r.noise_floor ? "noise-floor" : "allclose"},
+            {"noise_second_run", r.second_noise.empty() ? json(nullptr) : json(r.second_noise)},
             {"ok", r.ok()},
             {"exit_code", r.exit_code()},
             {"first_divergence", opt_str(r.first_divergence())},

@@ -686,7 +686,9 @@ Diagnosis diagnose(const DiagnoseInputs& in) {
   // The clean model's run: the baseline every hypothesis must beat.
   if (in.runner) {
     try {
-      std::unique_ptr<MemoryDump> clean = in.runner->run(Hypothesis{}, in.scenario, cx.cand_names);
+      std::unique_ptr<MemoryDump> own;
+      if (!in.clean) own = in.runner->run(Hypothesis{}, in.scenario, cx.cand_names);
+      const TensorSource* clean = in.clean ? in.clean : own.get();
       for (const auto& name : cx.cand_names) {
         if (!clean->has(name)) continue;
         TensorData a = clean->get(name), b = cand.get(name);
@@ -818,6 +820,9 @@ Diagnosis diagnose(const DiagnoseInputs& in) {
 
 BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, const LocalOracle* oracle,
                     const HypothesisRunner* hypotheses, const BisectOptions& opt) {
+  auto done = [&](const std::string& what) {
+    if (opt.progress) opt.progress(what);
+  };
   BisectResult r;
   r.candidate_label = cand.label();
   r.model = cand.manifest().model;
@@ -830,19 +835,36 @@ BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, 
   wanted.push_back("step*.logits");
   wanted.push_back("step*.next_logits");
   std::shared_ptr<MemoryDump> ref = reference.run(r.scenario, r.dtype, wanted);
+  done(std::string("reference run in ") + compute_dtype_name(r.dtype));
   CompareOptions co = opt.compare;
   co.dtype = r.dtype;
+  // The clean hypothesis run: a second honest implementation for the noise
+  // floor, and the baseline of the diagnosis.
+  std::shared_ptr<MemoryDump> clean;
+  if (hypotheses && (opt.noise_floor || opt.diagnose)) {
+    try {
+      clean = hypotheses->run(Hypothesis{}, r.scenario, cand.names());
+      done("clean run of the hypothesis engine");
+    } catch (const Error& e) {
+      r.notes.push_back(std::string("the clean hypothesis engine could not replay the candidate: ") + e.what());
+    }
+  }
   if (opt.noise_floor) {
     std::shared_ptr<MemoryDump> truth = reference.run(r.scenario, ComputeDType::Float64, wanted);
-    co.criterion = std::make_shared<NoiseFloorCriterion>(truth, r.dtype);
+    done("reference run in float64");
+    co.criterion = std::make_shared<NoiseFloorCriterion>(truth, r.dtype, clean);
     r.noise_floor = true;
+    if (clean) r.second_noise = clean->label();
   }
   r.global = compare_dumps(*ref, cand, co);
+  done("comparison");
 
   std::unique_ptr<Recomputed> ref_local;
   if (opt.local && oracle) {
     ref_local = recompute_reference(*oracle, cand, *ref);
+    done("local recompute of the reference");
     r.local = analyse_local(*oracle, cand, ref.get(), r.dtype, co.sites, nullptr, ref_local.get());
+    done("local recompute of the candidate");
     // Step tokens are the run's inputs: nothing to recompute them from.
     std::vector<std::string> missing;
     for (const auto& n : r.local.not_recomputed)
@@ -861,10 +883,12 @@ BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, 
     in.oracle = opt.local ? oracle : nullptr;
     in.ref_local = ref_local.get();
     in.runner = hypotheses;
+    in.clean = clean.get();
     in.scenario = r.scenario;
     in.dtype = r.dtype;
     in.sites = co.sites;
     r.diagnosis = diagnose(in);
+    done("diagnosis");
   } else {
     r.diagnosis.needed = !r.ok();
     r.diagnosis.focus = r.localised_at().value_or("");

@@ -18,6 +18,7 @@
 //    final_norm matches, positions that restart at 0, ...), reported as
 //    corroboration, or alone when no run reproduces the candidate.
 #pragma once
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -111,6 +112,9 @@ struct BisectOptions {
   bool noise_floor = true;       // judge by the noise floor (else allclose)
   bool local = true;             // local errors (teacher forcing)
   bool diagnose = true;          // test the bug hypotheses
+  // Called as each phase of the pipeline ends, with a line naming it (the
+  // caller adds timings); may be empty.
+  std::function<void(const std::string&)> progress;
 };
 
 // Everything a bisection found (rendered by compare/bisect_report.h).
@@ -121,6 +125,7 @@ struct BisectResult {
   std::string dtype_source;                   // "manifest", "default (no manifest dtype)"
   std::string reference;                      // the reference runner's description
   bool noise_floor = false;
+  std::string second_noise;                   // the second honest run in the noise floor ("" when none)
   DiffResult global;                          // candidate vs reference at dtype
   LocalReport local;                          // candidate's local errors
   Diagnosis diagnosis;
@@ -153,6 +158,7 @@ struct DiagnoseInputs {
   const LocalOracle* oracle = nullptr;        // may be null
   const Recomputed* ref_local = nullptr;      // the reference's recompute over the candidate's names
   const HypothesisRunner* runner = nullptr;   // may be null
+  const TensorSource* clean = nullptr;        // the runner's clean run over the candidate's names, if already made
   Scenario scenario;
   ComputeDType dtype = ComputeDType::Float32;
   std::vector<std::string> sites;             // --sites filter
@@ -160,8 +166,9 @@ struct DiagnoseInputs {
 Diagnosis diagnose(const DiagnoseInputs& in);
 
 // The whole pipeline: replays the candidate's forward calls through the
-// reference (at its dtype and, for the noise floor, in float64), compares,
-// computes local errors and diagnoses. `oracle` and `hypotheses` may be null
+// reference (at its dtype and, for the noise floor, in float64) and through
+// the clean hypothesis runner (the noise floor's second honest run, and the
+// diagnosis' baseline), compares, computes local errors and diagnoses. `oracle` and `hypotheses` may be null
 // (then no local errors / no replay evidence).
 BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, const LocalOracle* oracle,
                     const HypothesisRunner* hypotheses, const BisectOptions& opt);

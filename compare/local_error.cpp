@@ -52,11 +52,10 @@ SubsetSource::SubsetSource(const TensorSource& base, const std::vector<std::stri
   for (const auto& n : keep)
     if (base.has(n)) names_.push_back(n);
   sort_canonical(names_);
+  index_.insert(names_.begin(), names_.end());
 }
 
-bool SubsetSource::has(const std::string& name) const {
-  return std::find(names_.begin(), names_.end(), name) != names_.end();
-}
+bool SubsetSource::has(const std::string& name) const { return index_.count(name) > 0; }
 
 Shape SubsetSource::shape(const std::string& name) const {
   if (!has(name)) throw MissingTensorError(label(), name);

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -68,7 +69,8 @@ class SubsetSource : public TensorSource {
 
  private:
   const TensorSource& base_;
-  std::vector<std::string> names_;
+  std::vector<std::string> names_;  // canonical order
+  std::set<std::string> index_;
 };
 
 // The local verdict on one site.

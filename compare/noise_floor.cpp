@@ -40,7 +40,7 @@ std::string NoiseStats::str() const {
   char buf[200];
   if (!finite) return "non-finite values where the float64 reference is finite";
   std::snprintf(buf, sizeof buf, "rmse %.3g %s %g x %.3g + %.2g", cand_rmse, pass() ? "<=" : ">", multiplier,
-                ref_rmse, floor);
+                noise(), floor);
   return buf;
 }
 
@@ -83,19 +83,26 @@ NoiseStats noise_stats(double cand_rmse, double ref_rmse, double truth_rms, Comp
   return s;
 }
 
-NoiseStats noise_stats(const float* truth, const float* ref, const float* cand, int64_t n, ComputeDType dtype) {
+NoiseStats noise_stats(const float* truth, const float* ref, const float* cand, int64_t n, ComputeDType dtype,
+                       const float* second) {
   int64_t cand_bad = 0, ref_bad = 0;
   const double c = rmse(cand, truth, n, &cand_bad);
   const double r = rmse(ref, truth, n, &ref_bad);
   NoiseStats s = noise_stats(c, r, rms(truth, n), dtype);
+  if (second) {
+    int64_t second_bad = 0;
+    const double e = rmse(second, truth, n, &second_bad);
+    if (second_bad == 0) s.second_rmse = e;  // a non-finite honest run says nothing of the noise
+  }
   // A non-finite candidate value is an error unless the reference at dtype
   // shows the same (e.g. both overflow where float64 does not).
   if (cand_bad > ref_bad) s.finite = false;
   return s;
 }
 
-NoiseFloorCriterion::NoiseFloorCriterion(std::shared_ptr<const TensorSource> truth, ComputeDType dtype)
-    : truth_(std::move(truth)), dtype_(dtype) {}
+NoiseFloorCriterion::NoiseFloorCriterion(std::shared_ptr<const TensorSource> truth, ComputeDType dtype,
+                                         std::shared_ptr<const TensorSource> second)
+    : truth_(std::move(truth)), second_(std::move(second)), dtype_(dtype) {}
 
 Judgement NoiseFloorCriterion::judge(const TensorData& ref, const TensorData& cand, const TensorComparison& cmp) const {
   const std::string& name = cmp.name;
@@ -107,8 +114,12 @@ Judgement NoiseFloorCriterion::judge(const TensorData& ref, const TensorData& ca
   if (!truth_ || !truth_->has(name)) return fallback("the float64 run lacks this name");
   TensorData truth = truth_->get(name);
   if (truth.shape != ref.shape) return fallback("the float64 run has shape " + shape_str(truth.shape));
-  std::vector<float> tf = truth.floats();
-  NoiseStats s = noise_stats(tf.data(), ref.f.data(), cand.f.data(), ref.numel(), dtype_);
+  std::vector<float> tf = truth.floats(), sf;
+  if (second_ && second_->has(name)) {
+    TensorData sd = second_->get(name);
+    if (sd.shape == ref.shape && !sd.is_int) sf = sd.floats();
+  }
+  NoiseStats s = noise_stats(tf.data(), ref.f.data(), cand.f.data(), ref.numel(), dtype_, sf.empty() ? nullptr : sf.data());
   Judgement j;
   j.pass = s.pass();
   j.metric = "rmse vs float64";
@@ -117,9 +128,10 @@ Judgement NoiseFloorCriterion::judge(const TensorData& ref, const TensorData& ca
   if (!j.pass) {
     char buf[240];
     std::snprintf(buf, sizeof buf,
-                  "noise floor: RMSE against float64 %.3g exceeds %g x %.3g (the reference's own %s rounding) + "
-                  "floor %.2g",
-                  s.cand_rmse, s.multiplier, s.ref_rmse, compute_dtype_name(dtype_), s.floor);
+                  "noise floor: RMSE against float64 %.3g exceeds %g x %.3g (%s %s rounding) + floor %.2g",
+                  s.cand_rmse, s.multiplier, s.noise(),
+                  s.second_rmse > s.ref_rmse ? "the second honest run's" : "the reference's own",
+                  compute_dtype_name(dtype_), s.floor);
     j.note = s.finite ? buf : "noise floor: " + s.str();
   }
   return j;

@@ -210,6 +210,13 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const torch
     c10::optional<torch::Tensor> b32;
     if (b.defined()) b32 = b.to(torch::kFloat);
     y = at::linear(x3.to(torch::kFloat), w.to(torch::kFloat), b32).to(torch::kHalf);
+  } else if (x3.scalar_type() == torch::kDouble && x3.numel() == x3.size(-1)) {
+    // float64 is the truth, mirroring no HF kernel: a single row is a
+    // matrix-vector product, which streams the weight once instead of
+    // packing it for a gemm on every decode step.
+    torch::Tensor v = at::mv(w, x3.reshape({-1}));  // [out]
+    if (b.defined()) v = v + b;
+    y = v.reshape({1, 1, -1});  // [1, 1, out]
   } else {
     c10::optional<torch::Tensor> bias;
     if (b.defined()) bias = b;

@@ -5,6 +5,7 @@
 // mask construction (ops::causal_mask(cfg, ...)).
 #include "ref/ref_engine.h"
 
+#include <dlfcn.h>
 #include <torch/version.h>
 
 #include <algorithm>
@@ -286,11 +287,27 @@ std::vector<float> RefEngine::forward_impl(const std::vector<int64_t>& tokens, i
 
 }  // namespace
 
+// libtorch's own parallel loops run on an OpenMP team whose idle workers spin,
+// which on a few cores starves OpenBLAS's threads (sgemm has its own pool):
+// measured 12.4 s against 8.5 s for a 1.1B f32 dump on 2 cores. The BLAS
+// calls, which carry nearly all the work, get every thread; the elementwise
+// ops run on one. When the BLAS is not OpenBLAS, libtorch threads as usual.
+void set_threads(int threads) {
+  using SetThreads = void (*)(int);
+  static const auto openblas = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (openblas && threads > 1) {
+    at::set_num_threads(1);
+    openblas(threads);
+  } else {
+    at::set_num_threads(threads);
+  }
+}
+
 std::unique_ptr<Engine> make_ref_engine(const Model& model, const RefOptions& opt,
                                         std::shared_ptr<const RefWeights> weights) {
   if (opt.threads < 0) throw UsageError("--threads must be >= 0, got " + std::to_string(opt.threads));
   const int threads = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
-  at::set_num_threads(threads);
+  set_threads(threads);
   try {
     return std::make_unique<RefEngine>(model, opt.dtype, std::move(weights));
   } catch (const c10::Error& e) {

@@ -300,9 +300,22 @@ TEST(BisectUnknownBug, ACorruptionOutsideTheZooIsLocalisedButNotNamed) {
 
 TEST(BisectCommands, RunWithAnInjectedBugPrintsTheDiagnosis) {
   const std::string model = golden_model("llama-gqa"), replay = golden_dump("llama-gqa", "decode");
-  CliRun t = run_cli({"run", "--model", model, "--replay", replay, "--inject", "rope-interleaved", "--threads", "1"});
+  ::testing::internal::CaptureStderr();
+  CliRun t = run_cli(
+      {"run", "--model", model, "--replay", replay, "--inject", "rope-interleaved", "--threads", "1", "--verbose"});
+  const std::string phases = ::testing::internal::GetCapturedStderr();
   ASSERT_EQ(t.code, 1) << t.error;
   EXPECT_NE(t.out.find("RESULT: divergence, localised at step0.layers.0.attn.q_rope"), std::string::npos) << t.out;
+  // --verbose: each phase on stderr, in order, with time and peak memory.
+  size_t at = 0;
+  for (const char* phase : {"candidate run (impl)", "reference run in float32", "clean run of the hypothesis engine",
+                            "reference run in float64", "comparison", "local recompute of the candidate", "diagnosis"}) {
+    const size_t k = phases.find(phase, at);
+    EXPECT_NE(k, std::string::npos) << phase << " missing or out of order in:\n" << phases;
+    if (k != std::string::npos) at = k;
+  }
+  EXPECT_NE(phases.find(" s, peak "), std::string::npos) << phases;
+  EXPECT_EQ(t.out.find("peak"), std::string::npos) << "phase lines belong on stderr";
   EXPECT_NE(t.out.find("Diagnosis at step0.layers.0.attn.q_rope: rope-interleaved"), std::string::npos) << t.out;
 
   const std::string report = temp_path("bisect-report.md");
@@ -317,6 +330,7 @@ TEST(BisectCommands, RunWithAnInjectedBugPrintsTheDiagnosis) {
   EXPECT_TRUE(doc["diagnosis"]["value"].is_null());
   EXPECT_FALSE(doc["diagnosis"]["evidence"].get<std::string>().empty());
   EXPECT_EQ(doc["criterion"], "noise-floor");
+  EXPECT_EQ(doc["noise_second_run"], "impl");
   EXPECT_EQ(doc["exit_code"], 1);
   std::string md = read_text(report);
   EXPECT_NE(md.find("# llmdiff bisection report"), std::string::npos);

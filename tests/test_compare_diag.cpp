@@ -164,6 +164,51 @@ TEST(NoiseFloor, SixteenBitCandidatesGetALargerMultiplier) {
   EXPECT_TRUE(noise_stats(t32.data(), ref.data(), cand.data(), 512, ComputeDType::BFloat16).pass());
 }
 
+TEST(NoiseFloor, TheNoiseIsTheLargerOfTwoHonestRuns) {
+  // A matmul output accumulated in one sequential chain: ~2.5x the blocked
+  // reference's rounding (measured at K = 2048); the clean impl sums the same way.
+  std::vector<double> truth = normals(4096, 41);
+  std::vector<float> t32 = to_f32(truth);
+  std::vector<float> ref = noisy_f32(truth, 20.0, 42);
+  std::vector<float> sequential = noisy_f32(truth, 55.0, 43);  // the candidate: 2.75x the reference
+  std::vector<float> impl = noisy_f32(truth, 50.0, 44);        // the second honest run
+  const int64_t n = int64_t(t32.size());
+  NoiseStats alone = noise_stats(t32.data(), ref.data(), sequential.data(), n, ComputeDType::Float32);
+  EXPECT_FALSE(alone.pass()) << alone.str();
+  EXPECT_LT(alone.second_rmse, 0.0);
+  NoiseStats both = noise_stats(t32.data(), ref.data(), sequential.data(), n, ComputeDType::Float32, impl.data());
+  EXPECT_TRUE(both.pass()) << both.str();
+  EXPECT_GT(both.second_rmse, 2.0 * both.ref_rmse);
+  EXPECT_EQ(both.noise(), both.second_rmse);
+  EXPECT_DOUBLE_EQ(both.threshold(), 2.0 * both.second_rmse + both.floor);
+  // A systematic error of 3e-5 relative still fails with both.
+  std::vector<float> off = noisy_f32([&] {
+    std::vector<double> v = truth;
+    for (double& x : v) x *= 1.0 + 3e-5;
+    return v;
+  }(), 55.0, 45);
+  EXPECT_FALSE(noise_stats(t32.data(), ref.data(), off.data(), n, ComputeDType::Float32, impl.data()).pass());
+  // A second run with non-finite values says nothing of the noise.
+  impl[7] = std::nanf("");
+  EXPECT_LT(noise_stats(t32.data(), ref.data(), sequential.data(), n, ComputeDType::Float32, impl.data()).second_rmse, 0.0);
+}
+
+TEST(NoiseFloor, CriterionUsesTheSecondHonestRun) {
+  std::vector<double> y = normals(4 * 64, 51);
+  auto truth = dump_with("truth", {float_tensor("step0.layers.0.attn.q", {4, 64}, to_f32(y))}, "float64");
+  auto ref = dump_with("ref", {float_tensor("step0.layers.0.attn.q", {4, 64}, noisy_f32(y, 20.0, 52))});
+  auto cand = dump_with("cand", {float_tensor("step0.layers.0.attn.q", {4, 64}, noisy_f32(y, 55.0, 53))});
+  auto impl = dump_with("impl", {float_tensor("step0.layers.0.attn.q", {4, 64}, noisy_f32(y, 55.0, 54))});
+  CompareOptions o;
+  o.criterion = std::make_shared<NoiseFloorCriterion>(truth, ComputeDType::Float32);
+  EXPECT_EQ(compare_dumps(*ref, *cand, o).failing(), 1u);
+  o.criterion = std::make_shared<NoiseFloorCriterion>(truth, ComputeDType::Float32, impl);
+  DiffResult r = compare_dumps(*ref, *cand, o);
+  EXPECT_EQ(r.failing(), 0u);
+  ASSERT_NE(r.find("step0.layers.0.attn.q"), nullptr);
+  EXPECT_GT(r.find("step0.layers.0.attn.q")->judgement.threshold, 0.0);
+}
+
 TEST(NoiseFloor, CriterionJudgesCompareDumpsAgainstTheFloat64Run) {
   std::vector<double> x = normals(4 * 64, 21);
   std::vector<double> y = rmsnorm(x, 64, 1e-6);
