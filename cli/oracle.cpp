@@ -27,11 +27,19 @@ namespace ops = ref::ops;
 
 namespace {
 
+// Thrown by a SelectiveDump that may end the run early, once it holds every
+// wanted name: the rest of the scenario is not needed.
+struct AllRecorded {};
+
 // A MemoryDump that records the wanted names: exact names by a set lookup
 // (a bisection asks for every name of the candidate), patterns by glob.
+// With `stop_when_complete`, a list of exact names ends the run (AllRecorded)
+// as soon as the last of them is recorded: a hypothesis judged at one site
+// of step 0 costs part of one forward call, not the scenario.
 class SelectiveDump : public MemoryDump {
  public:
-  SelectiveDump(std::string label, const std::vector<std::string>& wanted) : MemoryDump(std::move(label)) {
+  SelectiveDump(std::string label, const std::vector<std::string>& wanted, bool stop_when_complete = false)
+      : MemoryDump(std::move(label)) {
     all_ = wanted.empty();
     for (const auto& w : wanted) {
       if (w.find_first_of("*?") == std::string::npos)
@@ -39,14 +47,27 @@ class SelectiveDump : public MemoryDump {
       else
         globs_.push_back(w);
     }
+    stop_ = stop_when_complete && !all_ && globs_.empty();
+    pending_ = exact_;
   }
   bool wants(const std::string& name) const override {
     return all_ || exact_.count(name) || any_glob_match(globs_, name);
   }
+  void on_f32(const std::string& name, const Shape& shape, const float* data) override {
+    MemoryDump::on_f32(name, shape, data);
+    recorded(name);
+  }
+  void on_i64(const std::string& name, const Shape& shape, const int64_t* data) override {
+    MemoryDump::on_i64(name, shape, data);
+    recorded(name);
+  }
 
  private:
-  bool all_ = true;
-  std::set<std::string> exact_;
+  void recorded(const std::string& name) {
+    if (stop_ && pending_.erase(name) && pending_.empty()) throw AllRecorded{};
+  }
+  bool all_ = true, stop_ = false;
+  std::set<std::string> exact_, pending_;
   std::vector<std::string> globs_;
 };
 
@@ -71,6 +92,7 @@ RefRunner::~RefRunner() = default;
 
 std::unique_ptr<MemoryDump> RefRunner::run(const Scenario& sc, ComputeDType dtype,
                                            const std::vector<std::string>& wanted) const {
+  if (dtype == ComputeDType::Float64) return truth(sc, wanted);
   // An engine holds its dtype's weights: only the one asked for is kept.
   for (auto it = engines_.begin(); it != engines_.end();)
     it = it->first == dtype ? std::next(it) : engines_.erase(it);
@@ -163,8 +185,12 @@ std::unique_ptr<MemoryDump> ImplHypothesisRunner::run(const compare::Hypothesis&
   for (const auto& s : sc.steps) total += int64_t(s.size());
   o.max_seq = std::max<int64_t>(total + sc.decode, model_.config.max_position_embeddings);
   auto engine = impl::make_impl_engine(model_, o);
-  auto dump = std::make_unique<SelectiveDump>(h.bug.empty() ? "impl" : "impl with " + h.str(), wanted);
-  run_scenario(*engine, sc, *dump);
+  auto dump = std::make_unique<SelectiveDump>(h.bug.empty() ? "impl" : "impl with " + h.str(), wanted, true);
+  try {
+    run_scenario(*engine, sc, *dump);
+  } catch (const AllRecorded&) {
+    // every wanted name is there: the rest of the scenario is skipped
+  }
   return dump;
 }
 
@@ -251,13 +277,16 @@ class Recompute {
     }
   }
 
-  void run(compare::Recomputed& out) {
+  void run(compare::Recomputed& out) { run(dump_.names(), out.values, &out.source); }
+
+  // Recomputes `names` (those it can) into `values`, with what each was
+  // recomputed from in `source` (when given).
+  void run(std::vector<std::string> names, Observer& values, std::map<std::string, std::string>* source) {
     torch::NoGradGuard no_grad;
     // Layer by layer, each for every step (a valid order: a layer reads the
     // layer before and its own earlier steps). Once layer l is reached, the
     // values of layer l-2 and earlier are dropped: the memo holds about two
     // layers in float64 instead of the whole dump (4 GB for a 1B model).
-    std::vector<std::string> names = dump_.names();
     auto phase = [](const CanonName& c) {
       if (c.kind == CanonName::Kind::Layer) return 1;
       if (c.kind == CanonName::Kind::Generated) return 2;
@@ -284,12 +313,12 @@ class Recompute {
       torch::Tensor t = v->t.contiguous();
       Shape shape(t.sizes().begin(), t.sizes().end());
       if (t.scalar_type() == torch::kLong) {
-        out.values.on_i64(name, shape, t.data_ptr<int64_t>());
+        values.on_i64(name, shape, t.data_ptr<int64_t>());
       } else {
         torch::Tensor f = t.to(torch::kFloat).contiguous();
-        out.values.on_f32(name, shape, f.data_ptr<float>());
+        values.on_f32(name, shape, f.data_ptr<float>());
       }
-      out.source[name] = describe(*v);
+      if (source) (*source)[name] = describe(*v);
     }
   }
 
@@ -425,6 +454,50 @@ class Recompute {
     return true;
   }
 
+  // A projection `out` = linear(`in`, W, b) at step s, computed for every
+  // step at once (rows stacked: one matrix product instead of one per decode
+  // step, each of which would stream the whole weight). `name_at(t, site)`
+  // names a site at step t. The other steps' results go to the memo; a step
+  // whose input cannot be had is left to be computed alone.
+  template <class NameAt>
+  Value batched_linear(int s, NameAt name_at, const std::string& in, const std::string& out, const torch::Tensor& W,
+                       const torch::Tensor& b) {
+    std::vector<int> steps;
+    std::vector<Value> values;
+    std::vector<torch::Tensor> xs;
+    for (int t = 0; t < int(tokens_.size()); ++t) {
+      const std::string name = name_at(t, out);
+      if (t != s && (memo_.count(name) || in_progress_.count(name))) continue;
+      Value v;
+      torch::Tensor x;
+      if (t == s) {
+        x = input(name_at(t, in), v);  // throws: this step cannot be recomputed
+      } else {
+        try {
+          x = input(name_at(t, in), v);
+        } catch (const std::exception&) {
+          continue;
+        }
+      }
+      steps.push_back(t);
+      values.push_back(std::move(v));
+      xs.push_back(x);
+    }
+    torch::Tensor y = ops::linear(xs.size() == 1 ? xs[0] : torch::cat(xs, 0), W, b);  // [sum T, out]
+    Value mine;
+    int64_t row = 0;
+    for (size_t k = 0; k < steps.size(); ++k) {
+      const int64_t rows = xs[k].size(0);
+      values[k].t = y.narrow(0, row, rows);  // [T, out]
+      row += rows;
+      if (steps[k] == s)
+        mine = std::move(values[k]);
+      else
+        memo_.emplace(name_at(steps[k], out), std::move(values[k]));
+    }
+    return mine;
+  }
+
   // --- the ops ----------------------------------------------------------------
   Value compute_uncached(const CanonName& c) {
     Value v;
@@ -468,7 +541,8 @@ class Recompute {
       } else if (site == "last_hidden") {
         v.t = step_in(s, "final_norm")[var_.last_token_first ? 0 : t - 1];  // [D]
       } else if (site == "logits") {
-        v.t = ops::linear(step_in(s, "final_norm"), var_.lm_head_embed ? w_.embed : w_.lm_head, {});  // [T, V]
+        return batched_linear(s, [](int t, const std::string& x) { return step_name(t, x); }, "final_norm", "logits",
+                              var_.lm_head_embed ? w_.embed : w_.lm_head, {});  // [T, V]
       } else if (site == "next_logits") {
         v.t = step_in(s, "logits")[var_.last_token_first ? 0 : t - 1];  // [V]
       }
@@ -479,6 +553,10 @@ class Recompute {
     const auto& L = w_.layers[size_t(l)];
     const std::string& site = c.site;
     auto here = [&](const std::string& x) { return input(layer_name(s, l, x), v); };
+    auto at_layer = [l](int t, const std::string& x) { return layer_name(t, l, x); };
+    auto project = [&](const std::string& in, const torch::Tensor& W, const torch::Tensor& b) {
+      return batched_linear(s, at_layer, in, site, W, b);
+    };
     auto layer_input = [&]() {
       return l == 0 ? input(step_name(s, "embed"), v) : input(layer_name(s, l - 1, "out"), v);  // [T, D]
     };
@@ -500,7 +578,7 @@ class Recompute {
       const char p = site.back();
       const torch::Tensor& W = p == 'q' ? L.q : p == 'k' ? L.k : L.v;
       const torch::Tensor& b = !cfg_.qkv_bias ? torch::Tensor() : p == 'q' ? L.q_bias : p == 'k' ? L.k_bias : L.v_bias;
-      v.t = ops::linear(here("attn_norm"), W, b);  // [T, H*Dh]
+      return project("attn_norm", W, b);  // [T, H*Dh]
     } else if (site == "attn.q_norm" || site == "attn.k_norm") {
       if (!qk) return v;
       const bool is_q = site == "attn.q_norm";
@@ -536,20 +614,20 @@ class Recompute {
     } else if (site == "attn.ctx") {
       v.t = ops::attn_ctx(here("attn.probs"), here("attn.v_rep"));  // [T, Hq*Dh]
     } else if (site == "attn.out") {
-      v.t = ops::linear(here("attn.ctx"), L.o, cfg_.o_bias ? L.o_bias : torch::Tensor());  // [T, D]
+      return project("attn.ctx", L.o, cfg_.o_bias ? L.o_bias : torch::Tensor());  // [T, D]
     } else if (site == "attn_residual") {
       v.t = layer_input() + here("attn.out");  // [T, D]
     } else if (site == "mlp_norm") {
       v.t = ops::rms_norm(here("attn_residual"), L.post_attn_norm, eps);
     } else if (site == "mlp.gate") {
-      v.t = ops::linear(here("mlp_norm"), L.gate, {});  // [T, F]
+      return project("mlp_norm", L.gate, {});  // [T, F]
     } else if (site == "mlp.up") {
-      v.t = ops::linear(here("mlp_norm"), L.up, {});  // [T, F]
+      return project("mlp_norm", L.up, {});  // [T, F]
     } else if (site == "mlp.act") {
       torch::Tensor g = here("mlp.gate"), u = here("mlp.up");
       v.t = var_.gate_up_swap ? ops::swiglu(u, g) : ops::swiglu(g, u);  // [T, F]
     } else if (site == "mlp.down") {
-      v.t = ops::linear(here("mlp.act"), L.down, {});  // [T, D]
+      return project("mlp.act", L.down, {});  // [T, D]
     } else if (site == "out") {
       v.t = here("attn_residual") + here("mlp.down");  // [T, D]
     }
@@ -572,6 +650,41 @@ class Recompute {
 };
 
 }  // namespace
+
+// The float64 truth: the ref's ops (ref/ops.h, as the engine calls them)
+// recomputed from the scenario's tokens alone, layer by layer, each layer for
+// every forward call with the projections of all calls in one matrix product.
+// The engine would instead run call after call, streaming the float64 weights
+// (4x the bf16 checkpoint) once per decode step. The numbers are those of the
+// engine in float64 up to float64 rounding (tested on every golden model).
+std::unique_ptr<MemoryDump> RefRunner::truth(const Scenario& sc, const std::vector<std::string>& wanted) const {
+  engines_.clear();  // their weights make room for the float64 copy
+  MemoryDump inputs("tokens");
+  inputs.mutable_manifest().scenario = sc.name;
+  for (size_t s = 0; s < sc.steps.size(); ++s)
+    inputs.on_i64(step_name(int(s), "tokens"), {int64_t(sc.steps[s].size())}, sc.steps[s].data());
+  // Every canonical name of the scenario that `wanted` asks for, but the
+  // inputs (tokens) and the greedy picks (generated).
+  auto dump = std::make_unique<SelectiveDump>("ref float64", wanted);
+  dump->mutable_manifest().scenario = sc.name;
+  dump->mutable_manifest().dtype = compute_dtype_name(ComputeDType::Float64);
+  dump->mutable_manifest().config = model_.config.raw_json;
+  std::vector<std::string> names;
+  auto consider = [&](const std::string& n) {
+    if (dump->wants(n)) names.push_back(n);
+  };
+  consider("rope.inv_freq");
+  for (int s = 0; s < int(sc.steps.size()); ++s) {
+    for (const auto& site : step_sites_before_layers())
+      if (site != "tokens") consider(step_name(s, site));
+    for (int l = 0; l < int(model_.config.num_hidden_layers); ++l)
+      for (const auto& site : layer_sites()) consider(layer_name(s, l, site));
+    for (const auto& site : step_sites_after_layers()) consider(step_name(s, site));
+  }
+  Recompute pass(model_.config, *weights_.get(ComputeDType::Float64), inputs, nullptr);
+  pass.run(names, *dump, nullptr);
+  return dump;
+}
 
 RefLocalOracle::RefLocalOracle(const Model& model, const RefWeightCache& weights)
     : model_(model), weights_(weights) {}

@@ -48,6 +48,7 @@ class RefRunner : public compare::ReferenceRunner {
   std::string describe() const override;
 
  private:
+  std::unique_ptr<MemoryDump> truth(const Scenario& sc, const std::vector<std::string>& wanted) const;
   const Model& model_;
   std::string dir_;
   int threads_;

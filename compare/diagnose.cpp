@@ -504,9 +504,35 @@ struct Context {
   std::map<std::string, double> clean_rmse;  // the clean model's run vs the candidate, per name
 };
 
-// Replays the scenario with `e.hypothesis` and compares every name.
+// Replays the scenario with `e.hypothesis` and compares every name. A
+// hypothesis is first screened at the first divergent name alone (a run that
+// stops there, a fraction of the scenario): one that does not reproduce the
+// candidate there is judged on that name, without the full replay.
 void replay_evidence(const Context& cx, HypothesisEvidence& e) {
   const DiagnoseInputs& in = cx.in;
+  const TensorComparison* focus = in.global->find(cx.global_focus);
+  if (focus && in.cand->has(cx.global_focus)) {
+    std::unique_ptr<MemoryDump> probe;
+    try {
+      probe = in.runner->run(e.hypothesis, in.scenario, {cx.global_focus});
+    } catch (const Error& err) {
+      e.summary = "replay with " + e.hypothesis.str() + " failed: " + err.what();
+      return;
+    }
+    if (probe->has(cx.global_focus)) {
+      Agreement ag = agreement(probe->get(cx.global_focus), in.cand->get(cx.global_focus), focus, in.dtype);
+      if (!ag.agree) {
+        e.replayed = true;
+        e.replay_compared = e.failing_compared = 1;
+        e.replay_first_disagreement = cx.global_focus;
+        e.replay_focus_rmse = ag.rmse;
+        e.replay_focus_threshold = ag.threshold;
+        e.replay_log_error =
+            ag.threshold > 0 ? std::log10(std::max(ag.rmse, 1e-30) / ag.threshold) : 10.0;
+        return;
+      }
+    }
+  }
   std::unique_ptr<MemoryDump> run;
   try {
     run = in.runner->run(e.hypothesis, in.scenario, cx.cand_names);
@@ -834,12 +860,9 @@ BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, 
   std::vector<std::string> wanted = cand.names();
   wanted.push_back("step*.logits");
   wanted.push_back("step*.next_logits");
-  std::shared_ptr<MemoryDump> ref = reference.run(r.scenario, r.dtype, wanted);
-  done(std::string("reference run in ") + compute_dtype_name(r.dtype));
-  CompareOptions co = opt.compare;
-  co.dtype = r.dtype;
   // The clean hypothesis run: a second honest implementation for the noise
-  // floor, and the baseline of the diagnosis.
+  // floor, and the baseline of the diagnosis (first: the BLAS threads of the
+  // reference runs would compete with its own).
   std::shared_ptr<MemoryDump> clean;
   if (hypotheses && (opt.noise_floor || opt.diagnose)) {
     try {
@@ -849,6 +872,10 @@ BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, 
       r.notes.push_back(std::string("the clean hypothesis engine could not replay the candidate: ") + e.what());
     }
   }
+  std::shared_ptr<MemoryDump> ref = reference.run(r.scenario, r.dtype, wanted);
+  done(std::string("reference run in ") + compute_dtype_name(r.dtype));
+  CompareOptions co = opt.compare;
+  co.dtype = r.dtype;
   if (opt.noise_floor) {
     std::shared_ptr<MemoryDump> truth = reference.run(r.scenario, ComputeDType::Float64, wanted);
     done("reference run in float64");

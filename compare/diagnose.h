@@ -51,7 +51,8 @@ class HypothesisRunner {
   // Bugs of the zoo that do not apply to this model, with the reason.
   virtual std::vector<std::pair<std::string, std::string>> inapplicable() const = 0;
   // The scenario with `h` switched on (an empty h.bug: the clean model);
-  // records only `wanted` (full names).
+  // records only `wanted` (full names) and may end the scenario early once
+  // every one of them is recorded.
   virtual std::unique_ptr<MemoryDump> run(const Hypothesis& h, const Scenario& sc,
                                           const std::vector<std::string>& wanted) const = 0;
   // The model's own value of the parameter `bug` changes ("rope-theta" ->

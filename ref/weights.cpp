@@ -1,6 +1,9 @@
 #include "ref/weights.h"
 
+#include <algorithm>
+#include <future>
 #include <string>
+#include <thread>
 
 #include "dumps/errors.h"
 
@@ -32,8 +35,13 @@ RefWeights::RefWeights(const ModelWeights& w, torch::ScalarType dtype) : st(dtyp
   embed = weight_tensor(w.embed, st);
   final_norm = weight_tensor(w.final_norm, st);
   lm_head = (w.lm_head_tied || w.lm_head.data == w.embed.data) ? embed : weight_tensor(w.lm_head, st);
-  for (const LayerWeights& lw : w.layers) {
-    Layer L;
+  // The layers are converted on all cores, a share of the layers each
+  // (libtorch's own conversion loop runs on one thread in the ref's setting).
+  layers.resize(w.layers.size());
+  auto convert = [&](size_t i) {
+    torch::NoGradGuard guard;
+    const LayerWeights& lw = w.layers[i];
+    Layer& L = layers[i];
     L.input_norm = weight_tensor(lw.input_norm, st);
     L.post_attn_norm = weight_tensor(lw.post_attn_norm, st);
     L.q = weight_tensor(lw.q, st);
@@ -49,8 +57,15 @@ RefWeights::RefWeights(const ModelWeights& w, torch::ScalarType dtype) : st(dtyp
     L.gate = weight_tensor(lw.gate, st);
     L.up = weight_tensor(lw.up, st);
     L.down = weight_tensor(lw.down, st);
-    layers.push_back(std::move(L));
-  }
+  };
+  const size_t workers = std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()), layers.size());
+  std::vector<std::future<void>> done;
+  for (size_t t = 1; t < workers; ++t)
+    done.push_back(std::async(std::launch::async, [&, t] {
+      for (size_t i = t; i < layers.size(); i += workers) convert(i);
+    }));
+  for (size_t i = 0; i < layers.size(); i += std::max<size_t>(1, workers)) convert(i);
+  for (auto& f : done) f.get();  // rethrows a worker's error
 }
 
 }  // namespace llmdiff::ref

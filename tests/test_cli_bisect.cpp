@@ -21,6 +21,7 @@
 #include "dumps/config.h"
 #include "dumps/errors.h"
 #include "impl/bugs.h"
+#include "ref/ref_engine.h"
 #include "tests/cli_runner.h"
 #include "tests/support.h"
 
@@ -200,6 +201,42 @@ TEST_P(BisectClean, HuggingFaceGoldenDumpsPassAsExternalCandidates) {
   }
 }
 
+// The noise floor's truth is recomputed layer by layer (all forward calls'
+// projections in one product); it must be the ref engine in float64, name
+// for name, up to the float32 rounding both are stored with.
+TEST_P(BisectClean, TheFloat64TruthIsTheRefEngineInFloat64) {
+  const std::string model = GetParam();
+  const cli::ModelOracles& m = oracles(model);
+  for (const std::string scenario : {"decode", "chunked", "prefill"}) {
+    SCOPED_TRACE(model + " " + scenario);
+    const Scenario sc = golden_scenario(model, scenario);
+    std::unique_ptr<MemoryDump> truth = m.reference.run(sc, ComputeDType::Float64);
+    ref::RefOptions o;
+    o.dtype = ComputeDType::Float64;
+    o.threads = 1;
+    std::unique_ptr<Engine> engine = ref::make_ref_engine(m.model, o);
+    MemoryDump want("ref engine float64");
+    run_scenario(*engine, sc, want);
+    size_t compared = 0;
+    for (const auto& name : want.names()) {
+      const std::string site = parse_name(name).site;
+      if (name == "generated" || site == "tokens") continue;  // inputs and picks, not values
+      ASSERT_TRUE(truth->has(name)) << name;
+      TensorData a = truth->get(name), b = want.get(name);
+      ASSERT_EQ(a.shape, b.shape) << name;
+      if (b.is_int) {
+        EXPECT_EQ(a.i, b.i) << name;
+        continue;
+      }
+      for (size_t k = 0; k < b.f.size(); ++k)
+        ASSERT_LE(std::fabs(double(a.f[k]) - b.f[k]), 2.5e-7 * std::fabs(double(b.f[k])) + 1e-30)
+            << name << "[" << k << "]: " << a.f[k] << " vs " << b.f[k];
+      ++compared;
+    }
+    EXPECT_GE(compared, 10u);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllGolden, BisectClean, ::testing::ValuesIn(golden_models()),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string s = info.param;
@@ -308,7 +345,7 @@ TEST(BisectCommands, RunWithAnInjectedBugPrintsTheDiagnosis) {
   EXPECT_NE(t.out.find("RESULT: divergence, localised at step0.layers.0.attn.q_rope"), std::string::npos) << t.out;
   // --verbose: each phase on stderr, in order, with time and peak memory.
   size_t at = 0;
-  for (const char* phase : {"candidate run (impl)", "reference run in float32", "clean run of the hypothesis engine",
+  for (const char* phase : {"candidate run (impl)", "clean run of the hypothesis engine", "reference run in float32",
                             "reference run in float64", "comparison", "local recompute of the candidate", "diagnosis"}) {
     const size_t k = phases.find(phase, at);
     EXPECT_NE(k, std::string::npos) << phase << " missing or out of order in:\n" << phases;
