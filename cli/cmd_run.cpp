@@ -53,7 +53,11 @@ int run_run(const RunOptions& o) {
   engine.reset();  // its KV cache and scratch are not needed any more
   log("candidate run (impl)");
   if (!o.out.empty()) cand.save(o.out);
-  compare::BisectResult r = bisect_candidate(m, cand, bisect_options(o.bisect, &log));
+  compare::BisectOptions bo = bisect_options(o.bisect, &log);
+  // Without --inject the candidate is the clean impl's run itself (the impl is
+  // deterministic for any thread count): no second run of it is needed.
+  if (o.inject.empty()) bo.clean = std::shared_ptr<const TensorSource>(&cand, [](const TensorSource*) {});
+  compare::BisectResult r = bisect_candidate(m, cand, bo);
   return emit_bisect(r, o.bisect);
 }
 

@@ -76,14 +76,17 @@ class SelectiveDump : public MemoryDump {
 // ---------------------------------------------------------------------------
 // RefRunner
 
+RefWeightCache::RefWeightCache(const Model& model) : model_(model) {}
+RefWeightCache::~RefWeightCache() = default;
+
+ref::LayerByLayerWeights& RefWeightCache::layered(ComputeDType dtype) const {
+  auto& w = layered_[dtype];
+  if (!w) w = std::make_unique<ref::LayerByLayerWeights>(*model_.weights, ops::torch_dtype(dtype));
+  return *w;
+}
+
 std::shared_ptr<const ref::RefWeights> RefWeightCache::get(ComputeDType dtype) const {
-  // One dtype's copy at a time: the previous one is freed (once its users
-  // let go) before the next is built.
-  for (auto it = weights_.begin(); it != weights_.end();)
-    it = it->first == dtype ? std::next(it) : weights_.erase(it);
-  auto& w = weights_[dtype];
-  if (!w) w = std::make_shared<const ref::RefWeights>(*model_.weights, ops::torch_dtype(dtype));
-  return w;
+  return std::make_shared<const ref::RefWeights>(*model_.weights, ops::torch_dtype(dtype));
 }
 
 RefRunner::RefRunner(const Model& model, std::string model_dir, int threads, const RefWeightCache& weights)
@@ -93,16 +96,12 @@ RefRunner::~RefRunner() = default;
 std::unique_ptr<MemoryDump> RefRunner::run(const Scenario& sc, ComputeDType dtype,
                                            const std::vector<std::string>& wanted) const {
   if (dtype == ComputeDType::Float64) return truth(sc, wanted);
-  // An engine holds its dtype's weights: only the one asked for is kept.
-  for (auto it = engines_.begin(); it != engines_.end();)
-    it = it->first == dtype ? std::next(it) : engines_.erase(it);
-  auto& engine = engines_[dtype];
-  if (!engine) {
-    ref::RefOptions o;
-    o.dtype = dtype;
-    o.threads = threads_;
-    engine = ref::make_ref_engine(model_, o, weights_.get(dtype));
-  }
+  // The engine and its converted weights live for this run only: a 1B model
+  // is 4.4 GB in float32, not to be held through the passes that follow.
+  ref::RefOptions o;
+  o.dtype = dtype;
+  o.threads = threads_;
+  std::unique_ptr<Engine> engine = ref::make_ref_engine(model_, o, weights_.get(dtype));
   auto dump = std::make_unique<SelectiveDump>(std::string("ref ") + compute_dtype_name(dtype), wanted);
   dump->mutable_manifest() = make_manifest(*engine, model_, dir_, sc);
   run_scenario(*engine, sc, *dump);
@@ -257,9 +256,9 @@ int64_t argmax_row(const torch::Tensor& row) {
 // where the dump holds them and recomputes them (memoised) where it does not.
 class Recompute {
  public:
-  Recompute(ModelConfig cfg, const ref::RefWeights& w, const TensorSource& dump,
+  Recompute(ModelConfig cfg, ref::LayerByLayerWeights& w, const TensorSource& dump,
             const compare::Hypothesis* h)
-      : cfg_(std::move(cfg)), w_(w), dump_(dump), st_(w.st) {
+      : cfg_(std::move(cfg)), w_(w), dump_(dump), st_(w.st()) {
     if (h) var_ = variant_of(*h, cfg_);
     rope_dtype_ = st_ == torch::kDouble ? torch::kDouble : torch::kFloat;
     tokens_ = dump_.step_tokens();
@@ -359,8 +358,8 @@ class Recompute {
         torch::Tensor t;
         if (d.is_int)
           t = torch::tensor(d.i, torch::kLong).reshape(d.shape);
-        else
-          t = torch::tensor(d.f, torch::kFloat).reshape(d.shape).to(st_);
+        else  // one conversion straight from the dump's values (a copy when st_ is float32)
+          t = torch::from_blob(d.f.data(), d.shape, torch::kFloat).to(st_, false, /*copy=*/true);
         it = dump_cache_.emplace(name, t).first;
       }
       reads.direct.push_back(short_name(name));
@@ -548,9 +547,9 @@ class Recompute {
       }
       return v;
     }
-    if (c.kind != CanonName::Kind::Layer || c.layer < 0 || c.layer >= int64_t(w_.layers.size())) return v;
+    if (c.kind != CanonName::Kind::Layer || c.layer < 0 || c.layer >= int64_t(w_.num_layers())) return v;
     const int l = c.layer;
-    const auto& L = w_.layers[size_t(l)];
+    const ref::RefWeights::Layer L = w_.layer(l);  // handles: the slot stays intact while they live
     const std::string& site = c.site;
     auto here = [&](const std::string& x) { return input(layer_name(s, l, x), v); };
     auto at_layer = [l](int t, const std::string& x) { return layer_name(t, l, x); };
@@ -635,7 +634,7 @@ class Recompute {
   }
 
   ModelConfig cfg_;
-  const ref::RefWeights& w_;
+  ref::LayerByLayerWeights& w_;
   const TensorSource& dump_;
   torch::ScalarType st_, rope_dtype_ = torch::kFloat;
   impl::Faults var_;
@@ -658,7 +657,6 @@ class Recompute {
 // (4x the bf16 checkpoint) once per decode step. The numbers are those of the
 // engine in float64 up to float64 rounding (tested on every golden model).
 std::unique_ptr<MemoryDump> RefRunner::truth(const Scenario& sc, const std::vector<std::string>& wanted) const {
-  engines_.clear();  // their weights make room for the float64 copy
   MemoryDump inputs("tokens");
   inputs.mutable_manifest().scenario = sc.name;
   for (size_t s = 0; s < sc.steps.size(); ++s)
@@ -681,7 +679,7 @@ std::unique_ptr<MemoryDump> RefRunner::truth(const Scenario& sc, const std::vect
       for (const auto& site : layer_sites()) consider(layer_name(s, l, site));
     for (const auto& site : step_sites_after_layers()) consider(step_name(s, site));
   }
-  Recompute pass(model_.config, *weights_.get(ComputeDType::Float64), inputs, nullptr);
+  Recompute pass(model_.config, weights_.layered(ComputeDType::Float64), inputs, nullptr);
   pass.run(names, *dump, nullptr);
   return dump;
 }
@@ -693,8 +691,7 @@ RefLocalOracle::~RefLocalOracle() = default;
 std::unique_ptr<compare::Recomputed> RefLocalOracle::recompute(const TensorSource& dump, ComputeDType dtype,
                                                                const compare::Hypothesis* h) const {
   auto out = std::make_unique<compare::Recomputed>();
-  const std::shared_ptr<const ref::RefWeights> w = weights_.get(dtype);
-  Recompute pass(model_.config, *w, dump, h);
+  Recompute pass(model_.config, weights_.layered(dtype), dump, h);
   pass.run(*out);
   return out;
 }

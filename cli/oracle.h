@@ -20,23 +20,29 @@
 #include "dumps/weights.h"
 
 namespace llmdiff::ref {
-struct RefWeights;  // ref/weights.h
+struct RefWeights;           // ref/weights.h
+class LayerByLayerWeights;   // ref/weights.h
 }
 
 namespace llmdiff::cli {
 
-// The checkpoint as ref tensors in one compute dtype at a time, built on
-// first use and shared by the reference runs and the local-error oracle (a 1B
-// model is 4.4 GB in float32 and 8.8 GB in float64: asking for another dtype
-// drops the previous copy).
+// The checkpoint as ref tensors of a compute dtype: whole for a reference
+// run (held only while it runs: a 1B model is 4.4 GB in float32), layer by
+// layer for the recompute passes (kept: a 1B model is 8.8 GB in float64,
+// two of its layers 0.8 GB).
 class RefWeightCache {
  public:
-  explicit RefWeightCache(const Model& model) : model_(model) {}
+  explicit RefWeightCache(const Model& model);
+  ~RefWeightCache();
+  // The whole model converted (the ref engine's forward), made anew for
+  // each caller and freed with its last user.
   std::shared_ptr<const ref::RefWeights> get(ComputeDType dtype) const;
+  // Layer by layer (the recompute passes: local errors, the float64 truth).
+  ref::LayerByLayerWeights& layered(ComputeDType dtype) const;
 
  private:
   const Model& model_;
-  mutable std::map<ComputeDType, std::shared_ptr<const ref::RefWeights>> weights_;
+  mutable std::map<ComputeDType, std::unique_ptr<ref::LayerByLayerWeights>> layered_;
 };
 
 class RefRunner : public compare::ReferenceRunner {
@@ -53,7 +59,6 @@ class RefRunner : public compare::ReferenceRunner {
   std::string dir_;
   int threads_;
   const RefWeightCache& weights_;
-  mutable std::map<ComputeDType, std::unique_ptr<Engine>> engines_;  // built on first use
 };
 
 class RefLocalOracle : public compare::LocalOracle {

@@ -863,8 +863,8 @@ BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, 
   // The clean hypothesis run: a second honest implementation for the noise
   // floor, and the baseline of the diagnosis (first: the BLAS threads of the
   // reference runs would compete with its own).
-  std::shared_ptr<MemoryDump> clean;
-  if (hypotheses && (opt.noise_floor || opt.diagnose)) {
+  std::shared_ptr<const TensorSource> clean = opt.clean;
+  if (!clean && hypotheses && (opt.noise_floor || opt.diagnose)) {
     try {
       clean = hypotheses->run(Hypothesis{}, r.scenario, cand.names());
       done("clean run of the hypothesis engine");

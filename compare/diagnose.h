@@ -113,6 +113,10 @@ struct BisectOptions {
   bool noise_floor = true;       // judge by the noise floor (else allclose)
   bool local = true;             // local errors (teacher forcing)
   bool diagnose = true;          // test the bug hypotheses
+  // The hypothesis engine's clean run over the candidate's forward calls
+  // when the caller already has it (`llmdiff run` without --inject: the
+  // candidate itself); null: bisect() makes it.
+  std::shared_ptr<const TensorSource> clean;
   // Called as each phase of the pipeline ends, with a line naming it (the
   // caller adds timings); may be empty.
   std::function<void(const std::string&)> progress;

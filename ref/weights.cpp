@@ -68,4 +68,87 @@ RefWeights::RefWeights(const ModelWeights& w, torch::ScalarType dtype) : st(dtyp
   for (auto& f : done) f.get();  // rethrows a worker's error
 }
 
+namespace {
+
+// dst <- src converted, in place when dst is a buffer of the same shape that
+// only the slot holds, else into a new tensor. Large copies are split over
+// the cores (libtorch's own loop runs on one thread in the ref's setting).
+void refill(torch::Tensor& dst, const WeightView& src, torch::ScalarType st) {
+  if (!src) {
+    dst = torch::Tensor();
+    return;
+  }
+  torch::Tensor from = torch::from_blob(const_cast<void*>(src.data), src.shape,
+                                        torch::TensorOptions().dtype(stored_dtype(src)));
+  if (from.scalar_type() == st) {
+    dst = from;  // used in place from the mmap
+    return;
+  }
+  const bool reusable = dst.defined() && dst.scalar_type() == st && dst.sizes() == from.sizes() &&
+                        dst.use_count() == 1 && dst.storage().use_count() == 1;
+  if (!reusable) dst = torch::empty(from.sizes(), torch::TensorOptions().dtype(st));
+  const int64_t rows = from.dim() > 0 ? from.size(0) : 1;
+  const int64_t workers = std::min<int64_t>(std::max(1u, std::thread::hardware_concurrency()), rows);
+  if (workers <= 1 || from.numel() < (int64_t(1) << 20)) {
+    dst.copy_(from);
+    return;
+  }
+  std::vector<std::future<void>> parts;
+  for (int64_t k = 1; k < workers; ++k)
+    parts.push_back(std::async(std::launch::async, [&, k] {
+      const int64_t a = rows * k / workers, b = rows * (k + 1) / workers;
+      dst.narrow(0, a, b - a).copy_(from.narrow(0, a, b - a));
+    }));
+  const int64_t b0 = rows / workers;
+  dst.narrow(0, 0, b0).copy_(from.narrow(0, 0, b0));
+  for (auto& f : parts) f.get();
+}
+
+}  // namespace
+
+LayerByLayerWeights::LayerByLayerWeights(const ModelWeights& w, torch::ScalarType st, int slots)
+    : w_(w), st_(st), slots_(size_t(std::max(1, slots))) {
+  torch::NoGradGuard no_grad;
+  embed = weight_tensor(w.embed, st);
+  final_norm = weight_tensor(w.final_norm, st);
+  lm_head = (w.lm_head_tied || w.lm_head.data == w.embed.data) ? embed : weight_tensor(w.lm_head, st);
+}
+
+RefWeights::Layer LayerByLayerWeights::layer(int l) {
+  if (l < 0 || size_t(l) >= w_.layers.size())
+    throw UsageError("layer " + std::to_string(l) + " out of range (" + std::to_string(w_.layers.size()) + " layers)");
+  ++clock_;
+  Slot* slot = nullptr;
+  for (Slot& s : slots_)
+    if (s.layer == l) slot = &s;
+  if (!slot) {
+    // The least recently used slot takes the layer.
+    slot = &slots_[0];
+    for (Slot& s : slots_)
+      if (s.used < slot->used) slot = &s;
+    torch::NoGradGuard no_grad;
+    const LayerWeights& lw = w_.layers[size_t(l)];
+    RefWeights::Layer& L = slot->w;
+    refill(L.input_norm, lw.input_norm, st_);
+    refill(L.post_attn_norm, lw.post_attn_norm, st_);
+    refill(L.q, lw.q, st_);
+    refill(L.k, lw.k, st_);
+    refill(L.v, lw.v, st_);
+    refill(L.o, lw.o, st_);
+    refill(L.q_bias, lw.q_bias, st_);
+    refill(L.k_bias, lw.k_bias, st_);
+    refill(L.v_bias, lw.v_bias, st_);
+    refill(L.o_bias, lw.o_bias, st_);
+    refill(L.q_norm, lw.q_norm, st_);
+    refill(L.k_norm, lw.k_norm, st_);
+    refill(L.gate, lw.gate, st_);
+    refill(L.up, lw.up, st_);
+    refill(L.down, lw.down, st_);
+    slot->layer = l;
+    ++conversions_;
+  }
+  slot->used = clock_;
+  return slot->w;
+}
+
 }  // namespace llmdiff::ref

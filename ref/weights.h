@@ -36,4 +36,31 @@ struct RefWeights {
   RefWeights(const ModelWeights& w, torch::ScalarType st);
 };
 
+// The same weights for a pass that goes layer by layer (the local-error
+// recompute, the float64 truth): the embedding, final norm and lm_head
+// converted once, the layers on demand into a few reused slots. A 1B model is
+// 8.8 GB in float64; two of its layers, 0.8 GB. A slot's buffers are
+// overwritten in place only when nobody else holds them (a Layer returned by
+// layer() keeps its tensors alive and intact).
+class LayerByLayerWeights {
+ public:
+  LayerByLayerWeights(const ModelWeights& w, torch::ScalarType st, int slots = 2);
+  torch::ScalarType st() const { return st_; }
+  size_t num_layers() const { return w_.layers.size(); }
+  RefWeights::Layer layer(int l);  // tensor handles (cheap to copy)
+  torch::Tensor embed, final_norm, lm_head;  // lm_head: embed itself when tied
+  int64_t conversions() const { return conversions_; }  // layers converted so far
+
+ private:
+  struct Slot {
+    int layer = -1;
+    int64_t used = 0;
+    RefWeights::Layer w;
+  };
+  const ModelWeights& w_;
+  torch::ScalarType st_;
+  std::vector<Slot> slots_;
+  int64_t clock_ = 0, conversions_ = 0;
+};
+
 }  // namespace llmdiff::ref
