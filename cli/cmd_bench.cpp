@@ -1,8 +1,9 @@
 // llmdiff bench: prefill and decode speed, peak memory and bandwidth
 // efficiency of the ref and impl engines side by side on one checkpoint, and
-// (--e2e) the cost of a whole `llmdiff run`: both engines dumping every site,
-// the dumps written, and the diff. Each engine (and the end-to-end run) works
-// in its own forked child so that its peak RSS is its own.
+// (--e2e) the cost of the debugger itself: both engines dumping every site,
+// the dumps written and diffed, then `llmdiff run` with its defaults (float64
+// noise floor, local errors, diagnosis) phase by phase. Each engine and each
+// end-to-end part works in its own forked child so that its peak RSS is its own.
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include "cli/bench_support.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/oracle.h"
 #include "compare/compare.h"
 #include "dumps/dump.h"
 #include "dumps/engine.h"
@@ -235,6 +237,43 @@ std::string bench_e2e(const BenchCmdOptions& o, ComputeDType ref_dtype, const st
   return j.dump();
 }
 
+// The child's work for --e2e, second part: `llmdiff run` itself with its
+// defaults (float64 noise floor, local errors, diagnosis), phase by phase.
+std::string bench_run_pipeline(const BenchCmdOptions& o) {
+  const auto start = std::chrono::steady_clock::now();
+  ModelOracles m(o.model, o.threads);
+  const Scenario sc = make_scenario(bench_prompt(m.model.config.vocab_size, o.prompt, o.seed), {}, o.e2e_decode);
+  json phases = json::array();
+  double last = 0;
+  auto phase = [&](const std::string& what) {
+    const double now = seconds_since(start);
+    phases.push_back({{"phase", what}, {"seconds", now - last}});
+    last = now;
+  };
+  phase("model loaded");
+  EngineOptions eo;
+  eo.threads = o.threads;
+  eo.max_seq = int64_t(o.prompt) + o.e2e_decode + 1;
+  auto engine = make_engine("impl", m.model, eo);
+  auto cand = std::make_shared<MemoryDump>("impl");
+  cand->mutable_manifest() = make_manifest(*engine, m.model, o.model, sc);
+  run_scenario(*engine, sc, *cand);
+  engine.reset();
+  phase("candidate run (impl)");
+  compare::BisectOptions bo;
+  bo.progress = phase;
+  bo.clean = cand;  // as `llmdiff run` without --inject
+  const compare::BisectResult r = bisect_candidate(m, *cand, bo);
+  json j = {{"seconds", seconds_since(start)},
+            {"phases", phases},
+            {"compared", r.global.tensors.size()},
+            {"diverging", r.global.failing()},
+            {"local_sites", r.local.sites.size()},
+            {"local_failing", r.local.failing()},
+            {"exit_code", r.exit_code()}};
+  return j.dump();
+}
+
 std::string fmt(const char* f, double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, f, v);
@@ -303,6 +342,20 @@ void print_e2e(const json& e) {
               e["first_divergence"].get<std::string>().empty() ? "" : ", first ",
               e["first_divergence"].get<std::string>().c_str());
   std::printf("  peak RSS %.2f GB\n", double(e["peak_rss_bytes"].get<int64_t>()) * 1e-9);
+  if (!e.contains("run")) return;
+  const json& r = e["run"];
+  std::printf("\n`llmdiff run` with its defaults (float64 noise floor, local errors, diagnosis), same forward calls:\n");
+  if (r.contains("error")) {
+    std::printf("  error: %s\n", r["error"].get<std::string>().c_str());
+    return;
+  }
+  for (const auto& p : r["phases"])
+    std::printf("  %-40s %7.2f s\n", p["phase"].get<std::string>().c_str(), p["seconds"].get<double>());
+  std::printf("  total %.2f s, peak RSS %.2f GB; %zu names compared, %zu diverging; %zu local sites, %zu failing; "
+              "exit code %d\n",
+              r["seconds"].get<double>(), double(r["peak_rss_bytes"].get<int64_t>()) * 1e-9,
+              r["compared"].get<size_t>(), r["diverging"].get<size_t>(), r["local_sites"].get<size_t>(),
+              r["local_failing"].get<size_t>(), r["exit_code"].get<int>());
 }
 
 int run_bench(const BenchCmdOptions& o) {
@@ -367,6 +420,12 @@ int run_bench(const BenchCmdOptions& o) {
       failed = true;
     }
     e2e["peak_rss_bytes"] = out.maxrss_bytes;
+    if (!o.json_out) std::fprintf(stderr, "bench: llmdiff run with its defaults ...\n");
+    const ChildOutcome full = run_in_child([&] { return bench_run_pipeline(o); });
+    json run = full.ok ? json::parse(full.output) : json{{"error", full.failure}};
+    if (!full.ok) failed = true;
+    run["peak_rss_bytes"] = full.maxrss_bytes;
+    e2e["run"] = run;
   }
 
   if (!o.json_out) std::fprintf(stderr, "bench: measuring read bandwidth again ...\n");
@@ -453,7 +512,8 @@ void setup_bench(CLI::App& app, Action& action) {
       ->capture_default_str();
   sub->add_flag("--json", opt->json_out, "Print the results as JSON");
   sub->add_flag("--e2e", opt->e2e,
-                "Also time a whole `llmdiff run`: both engines dumping every site, the dumps written and diffed");
+                "Also time the debugger end to end: both engines dumping every site, the dumps written and diffed, "
+                "then `llmdiff run` with its defaults, phase by phase");
   sub->add_option("--e2e-decode", opt->e2e_decode, "Decode steps of the end-to-end run")->capture_default_str();
   sub->add_option("--e2e-dir", opt->e2e_dir, "Keep the end-to-end dumps here (default: a temporary directory)");
   sub->callback([opt, &action] { action = [opt] { return run_bench(*opt); }; });

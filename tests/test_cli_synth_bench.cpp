@@ -4,6 +4,8 @@
 // asserts a speed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
@@ -109,4 +111,23 @@ TEST(CliSynthBench, CommandReportsBothEnginesAndTheEndToEndDiff) {
   EXPECT_EQ(e2e["only_in_impl"].get<int>(), 0);
   EXPECT_GT(e2e["ref"]["dump_bytes"].get<uint64_t>(), 0u);
   EXPECT_FALSE(e2e.contains("note")) << e2e["note"];
+  // `llmdiff run` with its defaults on the same forward calls: the clean impl
+  // passes, every site compared and recomputed, each phase timed.
+  const auto& full = e2e["run"];
+  ASSERT_FALSE(full.contains("error")) << full.dump();
+  EXPECT_EQ(full["exit_code"].get<int>(), 0) << full.dump();
+  EXPECT_EQ(full["diverging"].get<int>(), 0);
+  EXPECT_EQ(full["local_failing"].get<int>(), 0);
+  EXPECT_EQ(full["compared"], e2e["impl"]["tensors"]);
+  std::vector<std::string> phases;
+  double sum = 0;
+  for (const auto& p : full["phases"]) {
+    phases.push_back(p["phase"]);
+    sum += p["seconds"].get<double>();
+  }
+  for (const char* want : {"candidate run (impl)", "reference run in float32", "reference run in float64",
+                           "comparison", "local recompute of the candidate", "diagnosis"})
+    EXPECT_NE(std::find(phases.begin(), phases.end(), want), phases.end()) << want;
+  EXPECT_LE(sum, full["seconds"].get<double>() + 1e-6);
+  EXPECT_GT(full["peak_rss_bytes"].get<int64_t>(), 0);
 }
