@@ -679,18 +679,20 @@ std::unique_ptr<MemoryDump> RefRunner::truth(const Scenario& sc, const std::vect
       for (const auto& site : layer_sites()) consider(layer_name(s, l, site));
     for (const auto& site : step_sites_after_layers()) consider(step_name(s, site));
   }
+  ref::use_threads(threads_, ComputeDType::Float64);
   Recompute pass(model_.config, weights_.layered(ComputeDType::Float64), inputs, nullptr);
   pass.run(names, *dump, nullptr);
   return dump;
 }
 
-RefLocalOracle::RefLocalOracle(const Model& model, const RefWeightCache& weights)
-    : model_(model), weights_(weights) {}
+RefLocalOracle::RefLocalOracle(const Model& model, const RefWeightCache& weights, int threads)
+    : model_(model), weights_(weights), threads_(threads) {}
 RefLocalOracle::~RefLocalOracle() = default;
 
 std::unique_ptr<compare::Recomputed> RefLocalOracle::recompute(const TensorSource& dump, ComputeDType dtype,
                                                                const compare::Hypothesis* h) const {
   auto out = std::make_unique<compare::Recomputed>();
+  ref::use_threads(threads_, dtype);
   Recompute pass(model_.config, weights_.layered(dtype), dump, h);
   pass.run(*out);
   return out;
@@ -714,7 +716,7 @@ ModelOracles::ModelOracles(const std::string& model_dir, int threads)
       model(Model::load(model_dir)),
       weights(model),
       reference(model, model_dir, threads, weights),
-      oracle(model, weights),
+      oracle(model, weights, threads),
       hypotheses(model, threads) {}
 
 compare::BisectResult bisect_candidate(const ModelOracles& m, const TensorSource& cand,

@@ -63,8 +63,7 @@ class RefRunner : public compare::ReferenceRunner {
 
 class RefLocalOracle : public compare::LocalOracle {
  public:
-  // libtorch's thread count is the one the RefRunner's engines set.
-  RefLocalOracle(const Model& model, const RefWeightCache& weights);
+  RefLocalOracle(const Model& model, const RefWeightCache& weights, int threads);
   ~RefLocalOracle() override;
   std::unique_ptr<compare::Recomputed> recompute(const TensorSource& dump, ComputeDType dtype,
                                                  const compare::Hypothesis* h = nullptr) const override;
@@ -73,6 +72,7 @@ class RefLocalOracle : public compare::LocalOracle {
  private:
   const Model& model_;
   const RefWeightCache& weights_;
+  int threads_;
 };
 
 class ImplHypothesisRunner : public compare::HypothesisRunner {

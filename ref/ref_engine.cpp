@@ -288,14 +288,17 @@ std::vector<float> RefEngine::forward_impl(const std::vector<int64_t>& tokens, i
 }  // namespace
 
 // libtorch's own parallel loops run on an OpenMP team whose idle workers spin,
-// which on a few cores starves OpenBLAS's threads (sgemm has its own pool):
-// measured 12.4 s against 8.5 s for a 1.1B f32 dump on 2 cores. The BLAS
-// calls, which carry nearly all the work, get every thread; the elementwise
-// ops run on one. When the BLAS is not OpenBLAS, libtorch threads as usual.
-void set_threads(int threads) {
+// which on a few cores starves OpenBLAS's threads (sgemm/dgemm have their own
+// pool): measured 12.4 s against 8.5 s for a 1.1B float32 dump on 2 cores.
+// float32/float64 work is nearly all BLAS calls: they get every thread and
+// the elementwise ops one. bfloat16/float16 matmuls are libtorch's own
+// loops: those keep libtorch's threads (and OpenBLAS sits idle).
+void use_threads(int threads, ComputeDType dtype) {
+  if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
   using SetThreads = void (*)(int);
   static const auto openblas = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-  if (openblas && threads > 1) {
+  const bool blas_bound = dtype == ComputeDType::Float32 || dtype == ComputeDType::Float64;
+  if (openblas && threads > 1 && blas_bound) {
     at::set_num_threads(1);
     openblas(threads);
   } else {
@@ -306,8 +309,7 @@ void set_threads(int threads) {
 std::unique_ptr<Engine> make_ref_engine(const Model& model, const RefOptions& opt,
                                         std::shared_ptr<const RefWeights> weights) {
   if (opt.threads < 0) throw UsageError("--threads must be >= 0, got " + std::to_string(opt.threads));
-  const int threads = opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
-  set_threads(threads);
+  use_threads(opt.threads, opt.dtype);
   try {
     return std::make_unique<RefEngine>(model, opt.dtype, std::move(weights));
   } catch (const c10::Error& e) {

@@ -14,9 +14,14 @@ struct RefOptions {
   int threads = 0;                             // 0: all cores
 };
 
+// libtorch's (process-wide) threads for work in `dtype` on `threads` cores
+// (0: all): float32/float64 give every thread to OpenBLAS and one to
+// libtorch's own loops (whose idle OpenMP workers would spin against BLAS);
+// 16-bit dtypes, whose matmuls are libtorch's loops, give them all to libtorch.
+void use_threads(int threads, ComputeDType dtype);
+
 // Throws UsageError / ConfigError for a config or dtype the ref cannot run.
-// Sets libtorch's (process-wide) intra-op thread count: opt.threads, or all
-// cores for 0. Weights whose stored dtype is the compute dtype are used in
+// Sets the threads with use_threads(opt.threads, opt.dtype). Weights whose stored dtype is the compute dtype are used in
 // place from the mmap; others are converted once here. The engine stands for
 // one loaded HF model: reset() starts a fresh DynamicCache, while model state
 // (dynamic-NTK RoPE growth) persists as it does in HF.
