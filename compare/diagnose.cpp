@@ -884,6 +884,7 @@ BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, 
     if (clean) r.second_noise = clean->label();
   }
   r.global = compare_dumps(*ref, cand, co);
+  co.criterion.reset();  // the float64 truth (a dump's worth of memory) is not needed any more
   done("comparison");
 
   std::unique_ptr<Recomputed> ref_local;

@@ -40,6 +40,42 @@ void diff_stats(const std::vector<float>& a, const std::vector<float>& b, double
 }
 }  // namespace
 
+namespace {
+
+// A tensor of a source without a copy where the source holds it in memory (a
+// MemoryDump, or a SubsetSource of one); read (a copy) otherwise. A 1B model's
+// dumps are a GB each: judging every site would otherwise copy them eight times.
+class Borrowed {
+ public:
+  Borrowed(const TensorSource& src, const std::string& name) {
+    const TensorSource* s = &src;
+    while (auto* sub = dynamic_cast<const SubsetSource*>(s)) {
+      if (!sub->has(name)) break;
+      s = &sub->base();
+    }
+    if (auto* mem = dynamic_cast<const MemoryDump*>(s)) p_ = mem->find(name);
+    if (!p_) {
+      own_ = src.get(name);
+      p_ = &own_;
+    }
+  }
+  const TensorData& operator*() const { return *p_; }
+  const TensorData* operator->() const { return p_; }
+  // Its values as floats: the stored vector itself for a float tensor.
+  const std::vector<float>& floats() {
+    if (!p_->is_int) return p_->f;
+    converted_ = p_->floats();
+    return converted_;
+  }
+
+ private:
+  TensorData own_;
+  const TensorData* p_ = nullptr;
+  std::vector<float> converted_;
+};
+
+}  // namespace
+
 std::string value_str(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g", v);
@@ -96,7 +132,8 @@ LocalReport judge_local(const TensorSource& cand, const Recomputed& cand_local, 
     s.parsed = parse_name(name);
     auto src = cand_local.source.find(name);
     if (src != cand_local.source.end()) s.source = src->second;
-    TensorData c = cand.get(name), l = cand_local.values.get(name);
+    Borrowed cb(cand, name), lb(cand_local.values, name);
+    const TensorData &c = *cb, &l = *lb;
     s.cand_shape = c.shape;
     s.local_shape = l.shape;
     s.is_int = c.is_int && l.is_int;
@@ -123,17 +160,19 @@ LocalReport judge_local(const TensorSource& cand, const Recomputed& cand_local, 
       r.sites.push_back(std::move(s));
       continue;
     }
-    std::vector<float> cf = c.floats(), lf = l.floats();
+    const std::vector<float>& cf = cb.floats();
+    const std::vector<float>& lf = lb.floats();
     diff_stats(cf, lf, &s.max_abs, &s.max_abs_at, &s.nmse);
     int64_t bad = 0;
     const double cand_rmse = rmse(cf.data(), lf.data(), c.numel(), &bad);
     double ref_rmse = 0;
     int64_t ref_bad = 0;
     if (ref && ref_local && ref->has(name) && ref_local->values.has(name)) {
-      TensorData a = ref->get(name), b = ref_local->values.get(name);
-      if (a.shape == c.shape && b.shape == c.shape) {
-        std::vector<float> af = a.floats(), bf = b.floats();
-        ref_rmse = rmse(af.data(), bf.data(), a.numel(), &ref_bad);
+      Borrowed ab(*ref, name), bb(ref_local->values, name);
+      if (ab->shape == c.shape && bb->shape == c.shape) {
+        const std::vector<float>& af = ab.floats();
+        const std::vector<float>& bf = bb.floats();
+        ref_rmse = rmse(af.data(), bf.data(), ab->numel(), &ref_bad);
         s.has_ref_noise = true;
       }
     }

@@ -63,6 +63,7 @@ class SubsetSource : public TensorSource {
   const std::string& label() const override { return base_.label(); }
   const Manifest& manifest() const override { return base_.manifest(); }
   std::vector<std::string> names() const override { return names_; }
+  const TensorSource& base() const { return base_; }
   bool has(const std::string& name) const override;
   Shape shape(const std::string& name) const override;
   TensorData get(const std::string& name) const override;
