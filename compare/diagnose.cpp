@@ -588,7 +588,8 @@ void replay_evidence(const Context& cx, HypothesisEvidence& e) {
 void local_evidence(const Context& cx, HypothesisEvidence& e) {
   const DiagnoseInputs& in = cx.in;
   if (!cx.local || !in.oracle || cx.local->failing() == 0 || !in.oracle->supports(e.hypothesis)) return;
-  LocalReport lh = analyse_local(*in.oracle, *in.cand, in.ref, in.dtype, in.sites, &e.hypothesis, in.ref_local);
+  LocalReport lh =
+      analyse_local(*in.oracle, *in.cand, in.ref, in.dtype, in.sites, &e.hypothesis, in.ref_local, in.second_local);
   e.local_tested = true;
   e.local_failures = lh.failing();
   e.local_fixed = e.local_new = 0;
@@ -888,11 +889,23 @@ BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, 
   done("comparison");
 
   std::unique_ptr<Recomputed> ref_local;
+  LocalNoise second_local;
   if (opt.local && oracle) {
     ref_local = recompute_reference(*oracle, cand, *ref);
     done("local recompute of the reference");
-    r.local = analyse_local(*oracle, cand, ref.get(), r.dtype, co.sites, nullptr, ref_local.get());
+    std::unique_ptr<Recomputed> cand_local = oracle->recompute(cand, ComputeDType::Float64);
     done("local recompute of the candidate");
+    // The clean run's own local noise: the candidate's recompute when the
+    // candidate is that run, else one more pass over the clean run.
+    if (clean.get() == &cand) {
+      second_local = local_noise(cand, *cand_local);
+    } else if (clean) {
+      SubsetSource subset(*clean, cand.names());
+      second_local = local_noise(subset, *oracle->recompute(subset, ComputeDType::Float64));
+      done("local recompute of the clean run");
+    }
+    r.local = judge_local(cand, *cand_local, ref.get(), ref_local.get(), r.dtype, co.sites,
+                          clean ? &second_local : nullptr);
     // Step tokens are the run's inputs: nothing to recompute them from.
     std::vector<std::string> missing;
     for (const auto& n : r.local.not_recomputed)
@@ -910,6 +923,7 @@ BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, 
     in.local = &r.local;
     in.oracle = opt.local ? oracle : nullptr;
     in.ref_local = ref_local.get();
+    in.second_local = clean && ref_local ? &second_local : nullptr;
     in.runner = hypotheses;
     in.clean = clean.get();
     in.scenario = r.scenario;

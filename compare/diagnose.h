@@ -162,6 +162,7 @@ struct DiagnoseInputs {
   const LocalReport* local = nullptr;         // may be null / not ran
   const LocalOracle* oracle = nullptr;        // may be null
   const Recomputed* ref_local = nullptr;      // the reference's recompute over the candidate's names
+  const LocalNoise* second_local = nullptr;   // the clean run's local noise per name (may be null)
   const HypothesisRunner* runner = nullptr;   // may be null
   const TensorSource* clean = nullptr;        // the runner's clean run over the candidate's names, if already made
   Scenario scenario;

@@ -116,8 +116,22 @@ const LocalSite* LocalReport::find(const std::string& name) const {
   return nullptr;
 }
 
+LocalNoise local_noise(const TensorSource& values, const Recomputed& local) {
+  LocalNoise out;
+  for (const auto& name : values.names()) {
+    if (!local.values.has(name)) continue;
+    Borrowed a(values, name), b(local.values, name);
+    if (a->is_int || b->is_int || a->shape != b->shape) continue;
+    int64_t bad = 0;
+    const double e = rmse(a->f.data(), b->f.data(), a->numel(), &bad);
+    if (bad == 0) out[name] = e;  // a non-finite honest run says nothing of the noise
+  }
+  return out;
+}
+
 LocalReport judge_local(const TensorSource& cand, const Recomputed& cand_local, const TensorSource* ref,
-                        const Recomputed* ref_local, ComputeDType dtype, const std::vector<std::string>& sites) {
+                        const Recomputed* ref_local, ComputeDType dtype, const std::vector<std::string>& sites,
+                        const LocalNoise* second) {
   LocalReport r;
   r.ran = true;
   r.dtype = dtype;
@@ -178,6 +192,10 @@ LocalReport judge_local(const TensorSource& cand, const Recomputed& cand_local, 
     }
     s.noise = noise_stats(cand_rmse, ref_rmse, rms(lf.data(), l.numel()), dtype);
     if (bad > ref_bad) s.noise.finite = false;
+    if (second && s.has_ref_noise) {
+      auto it = second->find(name);
+      if (it != second->end()) s.noise.second_rmse = it->second;
+    }
     if (s.has_ref_noise) {
       s.pass = s.noise.pass();
       if (!s.pass) s.note = "local " + s.noise.str();
@@ -204,14 +222,14 @@ std::unique_ptr<Recomputed> recompute_reference(const LocalOracle& oracle, const
 
 LocalReport analyse_local(const LocalOracle& oracle, const TensorSource& cand, const TensorSource* ref,
                           ComputeDType dtype, const std::vector<std::string>& sites, const Hypothesis* h,
-                          const Recomputed* ref_local) {
+                          const Recomputed* ref_local, const LocalNoise* second) {
   std::unique_ptr<Recomputed> own_ref_local;
   if (ref && !ref_local) {
     own_ref_local = recompute_reference(oracle, cand, *ref);
     ref_local = own_ref_local.get();
   }
   std::unique_ptr<Recomputed> cand_local = oracle.recompute(cand, ComputeDType::Float64, h);
-  LocalReport r = judge_local(cand, *cand_local, ref, ref_local, dtype, sites);
+  LocalReport r = judge_local(cand, *cand_local, ref, ref_local, dtype, sites, second);
   if (h) r.hypothesis = h->str();
   return r;
 }

@@ -105,14 +105,24 @@ struct LocalReport {
   const LocalSite* first() const { return first_failure ? &sites[*first_failure] : nullptr; }
 };
 
+// Per name, the RMSE between a run's values and their float64 recompute from
+// its own inputs: that run's local rounding noise. With the clean impl's run,
+// the second honest noise of the local verdicts (as in the global noise
+// floor: an op's float32 error depends on its accumulation order, and a
+// sequential chain over a long reduction is several times OpenBLAS's).
+using LocalNoise = std::map<std::string, double>;
+LocalNoise local_noise(const TensorSource& values, const Recomputed& local);
+
 // Judges each recomputed site: the candidate's local error (against
 // `cand_local`, its float64 recompute) vs the reference's local error at
 // `dtype` (`ref` against `ref_local`, recomputed from the same subset of
-// names). Integer sites (tokens, positions, generated) and sites without a
-// reference noise level are compared exactly / by the floor alone. `sites`
-// filters names (site globs; empty = all).
+// names) or, where larger, `second` (another honest run's local noise).
+// Integer sites (tokens, positions, generated) and sites without a reference
+// noise level are compared exactly / by the floor alone. `sites` filters
+// names (site globs; empty = all).
 LocalReport judge_local(const TensorSource& cand, const Recomputed& cand_local, const TensorSource* ref,
-                        const Recomputed* ref_local, ComputeDType dtype, const std::vector<std::string>& sites = {});
+                        const Recomputed* ref_local, ComputeDType dtype, const std::vector<std::string>& sites = {},
+                        const LocalNoise* second = nullptr);
 
 // Runs the oracle on the candidate (float64) and on the reference at dtype
 // restricted to the candidate's names (float64), then judge_local. With `h`,
@@ -121,7 +131,8 @@ LocalReport judge_local(const TensorSource& cand, const Recomputed& cand_local, 
 // recompute to reuse (it must come from the same subset of names).
 LocalReport analyse_local(const LocalOracle& oracle, const TensorSource& cand, const TensorSource* ref,
                           ComputeDType dtype, const std::vector<std::string>& sites = {},
-                          const Hypothesis* h = nullptr, const Recomputed* ref_local = nullptr);
+                          const Hypothesis* h = nullptr, const Recomputed* ref_local = nullptr,
+                          const LocalNoise* second = nullptr);
 
 // The reference's float64 recompute over the candidate's subset of names
 // (what analyse_local needs as `ref_local`).

@@ -291,6 +291,33 @@ TEST(LocalError, JudgesEachSiteAgainstTheReferencesOwnLocalNoise) {
   EXPECT_NE(bare.sites[0].note.find("no reference noise level"), std::string::npos);
 }
 
+TEST(LocalError, ASecondHonestRunRaisesTheLocalNoise) {
+  // mlp.down over a long reduction: the candidate sums sequentially (2.75x
+  // the blocked reference's local rounding), as does the clean run.
+  std::vector<double> y = normals(8 * 256, 61);
+  std::vector<float> y32 = to_f32(y);
+  auto cand = dump_with("cand", {float_tensor("step0.layers.0.mlp.down", {8, 256}, noisy_f32(y, 55.0, 62))});
+  auto ref = dump_with("ref", {float_tensor("step0.layers.0.mlp.down", {8, 256}, noisy_f32(y, 20.0, 63))});
+  auto clean = dump_with("clean", {float_tensor("step0.layers.0.mlp.down", {8, 256}, noisy_f32(y, 55.0, 64))});
+  Recomputed exact;  // each run's float64 recompute from its own inputs (here: the same values)
+  exact.values.put(float_tensor("step0.layers.0.mlp.down", {8, 256}, y32));
+  LocalReport alone = judge_local(*cand, exact, ref.get(), &exact, ComputeDType::Float32);
+  ASSERT_EQ(alone.sites.size(), 1u);
+  EXPECT_FALSE(alone.sites[0].pass) << alone.sites[0].note;
+
+  const LocalNoise second = local_noise(*clean, exact);
+  ASSERT_EQ(second.count("step0.layers.0.mlp.down"), 1u);
+  EXPECT_GT(second.at("step0.layers.0.mlp.down"), 2.0 * alone.sites[0].noise.ref_rmse);
+  LocalReport both = judge_local(*cand, exact, ref.get(), &exact, ComputeDType::Float32, {}, &second);
+  EXPECT_TRUE(both.sites[0].pass) << both.sites[0].note;
+  EXPECT_EQ(both.sites[0].noise.second_rmse, second.at("step0.layers.0.mlp.down"));
+  // A candidate wrong by itself (3e-5 relative) still fails.
+  std::vector<double> off = y;
+  for (double& v : off) v *= 1.0 + 3e-5;
+  auto wrong = dump_with("wrong", {float_tensor("step0.layers.0.mlp.down", {8, 256}, noisy_f32(off, 55.0, 65))});
+  EXPECT_FALSE(judge_local(*wrong, exact, ref.get(), &exact, ComputeDType::Float32, {}, &second).sites[0].pass);
+}
+
 TEST(LocalError, SubsetSourceShowsOnlyTheKeptNames) {
   auto d = dump_with("d", {float_tensor("step0.embed", {1, 2}, {1, 2}), float_tensor("step0.logits", {1, 2}, {3, 4}),
                            int_tensor("step0.tokens", {1}, {5})});
