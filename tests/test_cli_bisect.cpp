@@ -17,6 +17,7 @@
 
 #include "cli/common.h"
 #include "cli/oracle.h"
+#include "cli/synth.h"
 #include "compare/bisect_report.h"
 #include "dumps/config.h"
 #include "dumps/errors.h"
@@ -234,6 +235,62 @@ TEST_P(BisectClean, TheFloat64TruthIsTheRefEngineInFloat64) {
       ++compared;
     }
     EXPECT_GE(compared, 10u);
+  }
+}
+
+// The same on synthetic configurations the golden models lack: a sliding
+// window shorter than the sequence, dynamic-NTK RoPE that grows during the
+// scenario, yarn and linear scaling.
+TEST(BisectTruth, TheFloat64TruthIsTheRefEngineOnSyntheticConfigs) {
+  struct Variant {
+    std::string name, preset;
+    nlohmann::json changes;
+  };
+  const std::vector<Variant> variants = {
+      {"sliding window 6", "tiny-qwen2", {{"sliding_window", 6}, {"use_sliding_window", true}}},
+      {"dynamic ntk", "tiny-llama", {{"max_position_embeddings", 10}, {"rope_scaling", {{"rope_type", "dynamic"}, {"factor", 2.0}}}}},
+      {"yarn", "tiny-llama",
+       {{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 8}}}}},
+      {"linear", "tiny-llama", {{"rope_scaling", {{"rope_type", "linear"}, {"factor", 2.0}}}}},
+  };
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.name);
+    nlohmann::json cfg = nlohmann::json::parse(cli::synth_preset_config(v.preset));
+    cfg["num_hidden_layers"] = 2;
+    for (const auto& [k, val] : v.changes.items()) cfg[k] = val;
+    const std::string dir = temp_path("truth-synth");
+    cli::SynthOptions so;
+    so.config_json = cfg.dump();
+    so.dtype = DType::F32;
+    so.seed = 5;
+    cli::write_synth_checkpoint(dir, so);
+    cli::ModelOracles m(dir, 1);
+    // The forward calls: a 9-token prompt in chunks of 5 and 4, then 3 greedy steps.
+    ref::RefOptions o;
+    o.dtype = ComputeDType::Float64;
+    o.threads = 1;
+    std::unique_ptr<Engine> engine = ref::make_ref_engine(m.model, o);
+    MemoryDump want("ref engine float64");
+    want.mutable_manifest().scenario = "chunked";
+    run_scenario(*engine, make_scenario({3, 1, 4, 1, 5, 9, 2, 6, 5}, {5, 4}, 3), want);
+    const Scenario sc = replay_scenario(want);
+    std::unique_ptr<MemoryDump> truth = m.reference.run(sc, ComputeDType::Float64);
+    size_t compared = 0;
+    for (const auto& name : want.names()) {
+      if (name == "generated" || parse_name(name).site == "tokens") continue;
+      ASSERT_TRUE(truth->has(name)) << name;
+      TensorData a = truth->get(name), b = want.get(name);
+      ASSERT_EQ(a.shape, b.shape) << name;
+      if (b.is_int) {
+        EXPECT_EQ(a.i, b.i) << name;
+        continue;
+      }
+      for (size_t k = 0; k < b.f.size(); ++k)
+        ASSERT_LE(std::fabs(double(a.f[k]) - b.f[k]), 2.5e-7 * std::fabs(double(b.f[k])) + 1e-30)
+            << name << "[" << k << "]: " << a.f[k] << " vs " << b.f[k];
+      ++compared;
+    }
+    EXPECT_GE(compared, 50u);
   }
 }
 
