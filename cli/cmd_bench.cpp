@@ -254,16 +254,11 @@ std::string bench_run_pipeline(const BenchCmdOptions& o) {
   EngineOptions eo;
   eo.threads = o.threads;
   eo.max_seq = int64_t(o.prompt) + o.e2e_decode + 1;
-  auto engine = make_engine("impl", m.model, eo);
-  auto cand = std::make_shared<MemoryDump>("impl");
-  cand->mutable_manifest() = make_manifest(*engine, m.model, o.model, sc);
-  run_scenario(*engine, sc, *cand);
-  engine.reset();
+  const std::unique_ptr<MemoryDump> cand = run_impl_candidate(m, sc, eo);
   phase("candidate run (impl)");
   compare::BisectOptions bo;
   bo.progress = phase;
-  bo.clean = cand;  // as `llmdiff run` without --inject
-  const compare::BisectResult r = bisect_candidate(m, *cand, bo);
+  const compare::BisectResult r = bisect_impl_candidate(m, *cand, false, bo);
   json j = {{"seconds", seconds_since(start)},
             {"phases", phases},
             {"compared", r.global.tensors.size()},

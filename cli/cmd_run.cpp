@@ -30,13 +30,6 @@ int run_run(const RunOptions& o) {
   eo.threads = o.bisect.threads;
   eo.max_seq = o.max_seq;
   eo.inject = o.inject;
-  auto engine = make_engine("impl", m.model, eo);
-  MemoryDump cand(o.inject.empty() ? "impl" : "impl --inject " + [&] {
-    std::string s;
-    for (const auto& b : o.inject) s += (s.empty() ? "" : ",") + b;
-    return s;
-  }());
-  cand.mutable_manifest() = make_manifest(*engine, m.model, o.model, sc);
   // --sites: the impl records only those names (unrecorded sites cost nothing);
   // a glob without a step prefix applies to every step, as in the comparison.
   std::vector<std::string> record;
@@ -48,16 +41,10 @@ int run_run(const RunOptions& o) {
     // The forward calls themselves are always kept: the ref replays them.
     for (const char* g : {"step*.tokens", "step*.positions", "generated"}) record.push_back(g);
   }
-  cand.set_filter(record);
-  run_scenario(*engine, sc, cand);
-  engine.reset();  // its KV cache and scratch are not needed any more
+  std::unique_ptr<MemoryDump> cand = run_impl_candidate(m, sc, eo, record);
   log("candidate run (impl)");
-  if (!o.out.empty()) cand.save(o.out);
-  compare::BisectOptions bo = bisect_options(o.bisect, &log);
-  // Without --inject the candidate is the clean impl's run itself (the impl is
-  // deterministic for any thread count): no second run of it is needed.
-  if (o.inject.empty()) bo.clean = std::shared_ptr<const TensorSource>(&cand, [](const TensorSource*) {});
-  compare::BisectResult r = bisect_candidate(m, cand, bo);
+  if (!o.out.empty()) cand->save(o.out);
+  compare::BisectResult r = bisect_impl_candidate(m, *cand, !o.inject.empty(), bisect_options(o.bisect, &log));
   return emit_bisect(r, o.bisect);
 }
 

@@ -726,6 +726,24 @@ compare::BisectResult bisect_candidate(const ModelOracles& m, const TensorSource
   return r;
 }
 
+std::unique_ptr<MemoryDump> run_impl_candidate(const ModelOracles& m, const Scenario& sc, const EngineOptions& eo,
+                                               const std::vector<std::string>& record) {
+  std::string label = "impl";
+  for (size_t k = 0; k < eo.inject.size(); ++k) label += (k == 0 ? " --inject " : ",") + eo.inject[k];
+  auto cand = std::make_unique<MemoryDump>(label);
+  auto engine = make_engine("impl", m.model, eo);
+  cand->mutable_manifest() = make_manifest(*engine, m.model, m.dir, sc);
+  cand->set_filter(record);
+  run_scenario(*engine, sc, *cand);
+  return cand;
+}
+
+compare::BisectResult bisect_impl_candidate(const ModelOracles& m, const MemoryDump& cand, bool bugs_injected,
+                                            compare::BisectOptions opt) {
+  if (!bugs_injected) opt.clean = std::shared_ptr<const TensorSource>(&cand, [](const TensorSource*) {});
+  return bisect_candidate(m, cand, opt);
+}
+
 void add_bisect_cli_options(CLI::App& sub, BisectCliOptions& o) {
   sub.add_option("--tol", o.tol, "per-name tolerance GLOB=atol:X,rtol:Y (repeatable; for --no-noise-floor)");
   sub.add_option("--rtol", o.rtol, "relative tolerance (allclose; for --no-noise-floor)");

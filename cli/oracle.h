@@ -113,6 +113,16 @@ struct ModelOracles {
 compare::BisectResult bisect_candidate(const ModelOracles& m, const TensorSource& cand,
                                        const compare::BisectOptions& opt);
 
+// `llmdiff run`'s candidate: the impl (with eo.inject's bugs) over `sc`,
+// recording the names matching `record` (full-name globs; empty: every site).
+std::unique_ptr<MemoryDump> run_impl_candidate(const ModelOracles& m, const Scenario& sc, const EngineOptions& eo,
+                                               const std::vector<std::string>& record = {});
+// bisect_candidate() of such a candidate. Without injected bugs it is the
+// clean impl run itself (the impl is deterministic for any thread count): the
+// pipeline makes no second one.
+compare::BisectResult bisect_impl_candidate(const ModelOracles& m, const MemoryDump& cand, bool bugs_injected,
+                                            compare::BisectOptions opt);
+
 // The command-line options bisect and run share.
 struct BisectCliOptions {
   std::vector<std::string> tol;     // --tol GLOB=SPEC (repeatable)

@@ -202,6 +202,33 @@ TEST_P(BisectClean, HuggingFaceGoldenDumpsPassAsExternalCandidates) {
   }
 }
 
+// Every value name of `want` (not the tokens fed or the greedy picks) is in
+// `truth` with the same shape, integers equal and floats within 2 float32
+// ulps (both are float64 results stored as float32). Returns the float names
+// compared.
+size_t expect_same_values(const TensorSource& truth, const TensorSource& want) {
+  size_t compared = 0;
+  for (const auto& name : want.names()) {
+    if (name == "generated" || parse_name(name).site == "tokens") continue;  // inputs and picks, not values
+    EXPECT_TRUE(truth.has(name)) << name;
+    if (!truth.has(name)) return compared;
+    TensorData a = truth.get(name), b = want.get(name);
+    EXPECT_EQ(a.shape, b.shape) << name;
+    if (a.shape != b.shape) return compared;
+    if (b.is_int) {
+      EXPECT_EQ(a.i, b.i) << name;
+      continue;
+    }
+    for (size_t k = 0; k < b.f.size(); ++k)
+      if (std::fabs(double(a.f[k]) - b.f[k]) > 2.5e-7 * std::fabs(double(b.f[k])) + 1e-30) {
+        ADD_FAILURE() << name << "[" << k << "]: " << a.f[k] << " vs " << b.f[k];
+        return compared;
+      }
+    ++compared;
+  }
+  return compared;
+}
+
 // The noise floor's truth is recomputed layer by layer (all forward calls'
 // projections in one product); it must be the ref engine in float64, name
 // for name, up to the float32 rounding both are stored with.
@@ -218,23 +245,7 @@ TEST_P(BisectClean, TheFloat64TruthIsTheRefEngineInFloat64) {
     std::unique_ptr<Engine> engine = ref::make_ref_engine(m.model, o);
     MemoryDump want("ref engine float64");
     run_scenario(*engine, sc, want);
-    size_t compared = 0;
-    for (const auto& name : want.names()) {
-      const std::string site = parse_name(name).site;
-      if (name == "generated" || site == "tokens") continue;  // inputs and picks, not values
-      ASSERT_TRUE(truth->has(name)) << name;
-      TensorData a = truth->get(name), b = want.get(name);
-      ASSERT_EQ(a.shape, b.shape) << name;
-      if (b.is_int) {
-        EXPECT_EQ(a.i, b.i) << name;
-        continue;
-      }
-      for (size_t k = 0; k < b.f.size(); ++k)
-        ASSERT_LE(std::fabs(double(a.f[k]) - b.f[k]), 2.5e-7 * std::fabs(double(b.f[k])) + 1e-30)
-            << name << "[" << k << "]: " << a.f[k] << " vs " << b.f[k];
-      ++compared;
-    }
-    EXPECT_GE(compared, 10u);
+    EXPECT_GE(expect_same_values(*truth, want), 10u);
   }
 }
 
@@ -275,22 +286,7 @@ TEST(BisectTruth, TheFloat64TruthIsTheRefEngineOnSyntheticConfigs) {
     run_scenario(*engine, make_scenario({3, 1, 4, 1, 5, 9, 2, 6, 5}, {5, 4}, 3), want);
     const Scenario sc = replay_scenario(want);
     std::unique_ptr<MemoryDump> truth = m.reference.run(sc, ComputeDType::Float64);
-    size_t compared = 0;
-    for (const auto& name : want.names()) {
-      if (name == "generated" || parse_name(name).site == "tokens") continue;
-      ASSERT_TRUE(truth->has(name)) << name;
-      TensorData a = truth->get(name), b = want.get(name);
-      ASSERT_EQ(a.shape, b.shape) << name;
-      if (b.is_int) {
-        EXPECT_EQ(a.i, b.i) << name;
-        continue;
-      }
-      for (size_t k = 0; k < b.f.size(); ++k)
-        ASSERT_LE(std::fabs(double(a.f[k]) - b.f[k]), 2.5e-7 * std::fabs(double(b.f[k])) + 1e-30)
-            << name << "[" << k << "]: " << a.f[k] << " vs " << b.f[k];
-      ++compared;
-    }
-    EXPECT_GE(compared, 50u);
+    EXPECT_GE(expect_same_values(*truth, want), 50u);
   }
 }
 
