@@ -8,7 +8,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "dumps/errors.h"
-#include "impl/bugs.h"
+#include "dumps/bugs.h"
 
 namespace llmdiff::cli {
 
@@ -23,7 +23,7 @@ struct DumpOptions {
 namespace {
 
 int list_bugs() {
-  for (const auto& b : impl::all_bugs()) fmt::print("{:<22} {}\n", b.name, b.description);
+  for (const auto& b : zoo::all_bugs()) fmt::print("{:<22} {}\n", b.name, b.description);
   return 0;
 }
 

@@ -62,7 +62,7 @@ std::unique_ptr<Engine> make_engine(const std::string& which, const Model& model
     impl::ImplOptions o;
     o.threads = opt.threads;
     o.max_seq = opt.max_seq;
-    for (const auto& b : opt.inject) o.bugs.push_back(impl::parse_bug(b));
+    for (const auto& b : opt.inject) o.bugs.push_back(zoo::parse_bug(b));
     return impl::make_impl_engine(model, o);
   }
   throw UsageError("unknown engine '" + which + "' (supported: ref, impl)");

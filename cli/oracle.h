@@ -19,51 +19,25 @@
 #include "dumps/engine.h"
 #include "dumps/weights.h"
 
-namespace llmdiff::ref {
-struct RefWeights;           // ref/weights.h
-class LayerByLayerWeights;   // ref/weights.h
-}
-
 namespace llmdiff::cli {
-
-// The checkpoint as ref tensors of a compute dtype: whole for a reference
-// run (held only while it runs: a 1B model is 4.4 GB in float32), layer by
-// layer for the recompute passes (kept: a 1B model is 8.8 GB in float64,
-// two of its layers 0.8 GB).
-class RefWeightCache {
- public:
-  explicit RefWeightCache(const Model& model);
-  ~RefWeightCache();
-  // The whole model converted (the ref engine's forward), made anew for
-  // each caller and freed with its last user.
-  std::shared_ptr<const ref::RefWeights> get(ComputeDType dtype) const;
-  // Layer by layer (the recompute passes: local errors, the float64 truth).
-  ref::LayerByLayerWeights& layered(ComputeDType dtype) const;
-
- private:
-  const Model& model_;
-  mutable std::map<ComputeDType, std::unique_ptr<ref::LayerByLayerWeights>> layered_;
-};
 
 class RefRunner : public compare::ReferenceRunner {
  public:
-  RefRunner(const Model& model, std::string model_dir, int threads, const RefWeightCache& weights);
+  RefRunner(const Model& model, std::string model_dir, int threads);
   ~RefRunner() override;
   std::unique_ptr<MemoryDump> run(const Scenario& sc, ComputeDType dtype,
                                   const std::vector<std::string>& wanted = {}) const override;
   std::string describe() const override;
 
  private:
-  std::unique_ptr<MemoryDump> truth(const Scenario& sc, const std::vector<std::string>& wanted) const;
   const Model& model_;
   std::string dir_;
   int threads_;
-  const RefWeightCache& weights_;
 };
 
 class RefLocalOracle : public compare::LocalOracle {
  public:
-  RefLocalOracle(const Model& model, const RefWeightCache& weights, int threads);
+  RefLocalOracle(const Model& model, int threads);
   ~RefLocalOracle() override;
   std::unique_ptr<compare::Recomputed> recompute(const TensorSource& dump, ComputeDType dtype,
                                                  const compare::Hypothesis* h = nullptr) const override;
@@ -71,7 +45,6 @@ class RefLocalOracle : public compare::LocalOracle {
 
  private:
   const Model& model_;
-  const RefWeightCache& weights_;
   int threads_;
 };
 
@@ -103,7 +76,6 @@ struct ModelOracles {
   ModelOracles& operator=(const ModelOracles&) = delete;
   std::string dir;
   Model model;
-  RefWeightCache weights;
   RefRunner reference;
   RefLocalOracle oracle;
   ImplHypothesisRunner hypotheses;

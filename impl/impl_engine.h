@@ -7,14 +7,14 @@
 #include "dumps/config.h"
 #include "dumps/engine.h"
 #include "dumps/weights.h"
-#include "impl/bugs.h"
+#include "dumps/bugs.h"
 
 namespace llmdiff::impl {
 
 struct ImplOptions {
   int threads = 0;            // 0: all cores
   int64_t max_seq = 0;        // KV capacity; 0: config.max_position_embeddings
-  std::vector<BugSpec> bugs;  // the bug zoo; empty = correct model
+  std::vector<zoo::BugSpec> bugs;  // the bug zoo; empty = correct model
 };
 
 // Throws UsageError when a bug cannot apply to the model.

@@ -96,8 +96,8 @@ class ImplEngine final : public Engine {
   ImplEngine(const Model& model, const ImplOptions& opt)
       : cfg_(model.config), weights_(model.weights), bugs_(opt.bugs), pool_(opt.threads) {
     if (!weights_) throw UsageError("impl: model '" + model.config.source + "' has no weights loaded");
-    check_bugs(bugs_, cfg_);
-    faults_ = apply_bugs(bugs_, cfg_);
+    zoo::check_bugs(bugs_, cfg_);
+    faults_ = zoo::apply_bugs(bugs_, cfg_);
     if (opt.max_seq < 0) throw UsageError("impl: max_seq must be >= 0, got " + std::to_string(opt.max_seq));
     capacity_ = opt.max_seq > 0 ? opt.max_seq : cfg_.max_position_embeddings;
     const int64_t Hq = cfg_.num_attention_heads, Hkv = cfg_.num_key_value_heads;
@@ -126,8 +126,8 @@ class ImplEngine final : public Engine {
  private:
   ModelConfig cfg_;  // the model's config with the zoo's config-level bugs applied
   std::shared_ptr<ModelWeights> weights_;
-  std::vector<BugSpec> bugs_;
-  Faults faults_;
+  std::vector<zoo::BugSpec> bugs_;
+  zoo::Faults faults_;
   int64_t capacity_ = 0;     // KV cache capacity in tokens
   std::vector<int> kv_head_; // [Hq]: kv head each query head reads
   ThreadPool pool_;
@@ -140,7 +140,7 @@ class ImplEngine final : public Engine {
 std::vector<float> ImplEngine::forward(const std::vector<int64_t>& tokens, int step, Observer& obs) {
   const ModelConfig& c = cfg_;
   const ModelWeights& w = *weights_;
-  const Faults& bug = faults_;
+  const zoo::Faults& bug = faults_;
   const int64_t T = int64_t(tokens.size()), P = cached_;
   const int64_t D = c.hidden_size, F = c.intermediate_size, V = c.vocab_size;
   const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, Dh = c.head_dim;

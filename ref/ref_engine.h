@@ -21,15 +21,12 @@ struct RefOptions {
 void use_threads(int threads, ComputeDType dtype);
 
 // Throws UsageError / ConfigError for a config or dtype the ref cannot run.
-// Sets the threads with use_threads(opt.threads, opt.dtype). Weights whose stored dtype is the compute dtype are used in
-// place from the mmap; others are converted once here. The engine stands for
-// one loaded HF model: reset() starts a fresh DynamicCache, while model state
+// Sets the threads with use_threads(opt.threads, opt.dtype). The engine runs
+// the decoder graph of ref/graph.h one forward call at a time; each layer's
+// weights are converted to the compute dtype on its first call and kept
+// (used in place from the mmap when stored in that dtype). It stands for one
+// loaded HF model: reset() starts a fresh DynamicCache, while model state
 // (dynamic-NTK RoPE growth) persists as it does in HF.
-// `weights`, when given, are used instead of converting the checkpoint again
-// (they must be of opt.dtype): several engines and the local-error oracle then
-// share one copy of a large model.
-struct RefWeights;
-std::unique_ptr<Engine> make_ref_engine(const Model& model, const RefOptions& opt,
-                                        std::shared_ptr<const RefWeights> weights = nullptr);
+std::unique_ptr<Engine> make_ref_engine(const Model& model, const RefOptions& opt);
 
 }  // namespace llmdiff::ref

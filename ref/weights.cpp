@@ -30,44 +30,6 @@ torch::Tensor weight_tensor(const WeightView& w, torch::ScalarType st) {
   return t.scalar_type() == st ? t : t.to(st);
 }
 
-RefWeights::RefWeights(const ModelWeights& w, torch::ScalarType dtype) : st(dtype) {
-  torch::NoGradGuard no_grad;
-  embed = weight_tensor(w.embed, st);
-  final_norm = weight_tensor(w.final_norm, st);
-  lm_head = (w.lm_head_tied || w.lm_head.data == w.embed.data) ? embed : weight_tensor(w.lm_head, st);
-  // The layers are converted on all cores, a share of the layers each
-  // (libtorch's own conversion loop runs on one thread in the ref's setting).
-  layers.resize(w.layers.size());
-  auto convert = [&](size_t i) {
-    torch::NoGradGuard guard;
-    const LayerWeights& lw = w.layers[i];
-    Layer& L = layers[i];
-    L.input_norm = weight_tensor(lw.input_norm, st);
-    L.post_attn_norm = weight_tensor(lw.post_attn_norm, st);
-    L.q = weight_tensor(lw.q, st);
-    L.k = weight_tensor(lw.k, st);
-    L.v = weight_tensor(lw.v, st);
-    L.o = weight_tensor(lw.o, st);
-    L.q_bias = weight_tensor(lw.q_bias, st);
-    L.k_bias = weight_tensor(lw.k_bias, st);
-    L.v_bias = weight_tensor(lw.v_bias, st);
-    L.o_bias = weight_tensor(lw.o_bias, st);
-    L.q_norm = weight_tensor(lw.q_norm, st);
-    L.k_norm = weight_tensor(lw.k_norm, st);
-    L.gate = weight_tensor(lw.gate, st);
-    L.up = weight_tensor(lw.up, st);
-    L.down = weight_tensor(lw.down, st);
-  };
-  const size_t workers = std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()), layers.size());
-  std::vector<std::future<void>> done;
-  for (size_t t = 1; t < workers; ++t)
-    done.push_back(std::async(std::launch::async, [&, t] {
-      for (size_t i = t; i < layers.size(); i += workers) convert(i);
-    }));
-  for (size_t i = 0; i < layers.size(); i += std::max<size_t>(1, workers)) convert(i);
-  for (auto& f : done) f.get();  // rethrows a worker's error
-}
-
 namespace {
 
 // dst <- src converted, in place when dst is a buffer of the same shape that
@@ -114,7 +76,7 @@ LayerByLayerWeights::LayerByLayerWeights(const ModelWeights& w, torch::ScalarTyp
   lm_head = (w.lm_head_tied || w.lm_head.data == w.embed.data) ? embed : weight_tensor(w.lm_head, st);
 }
 
-RefWeights::Layer LayerByLayerWeights::layer(int l) {
+LayerTensors LayerByLayerWeights::layer(int l) {
   if (l < 0 || size_t(l) >= w_.layers.size())
     throw UsageError("layer " + std::to_string(l) + " out of range (" + std::to_string(w_.layers.size()) + " layers)");
   ++clock_;
@@ -128,7 +90,7 @@ RefWeights::Layer LayerByLayerWeights::layer(int l) {
       if (s.used < slot->used) slot = &s;
     torch::NoGradGuard no_grad;
     const LayerWeights& lw = w_.layers[size_t(l)];
-    RefWeights::Layer& L = slot->w;
+    LayerTensors& L = slot->w;
     refill(L.input_norm, lw.input_norm, st_);
     refill(L.post_attn_norm, lw.post_attn_norm, st_);
     refill(L.q, lw.q, st_);

@@ -1,6 +1,5 @@
 // A checkpoint's weights as libtorch tensors of one compute dtype: what the
-// ref engine's forward and the local-error recomputation (cli/oracle.cpp)
-// multiply with.
+// decoder graph (ref/graph.h) multiplies with.
 #pragma once
 #include <torch/torch.h>
 
@@ -16,30 +15,22 @@ namespace llmdiff::ref {
 // F32, BF16 or F16.
 torch::Tensor weight_tensor(const WeightView& w, torch::ScalarType st);
 
-// Every weight of a ModelWeights through weight_tensor. Tensors may alias the
-// checkpoint's mmap: the ModelWeights must outlive them. Nothing is checked
-// against the config here (absent optional weights stay undefined).
-struct RefWeights {
-  struct Layer {
-    torch::Tensor input_norm, post_attn_norm;      // [D]
-    torch::Tensor q, k, v, o;                      // [Hq*Dh, D], [Hkv*Dh, D] x2, [D, Hq*Dh]
-    torch::Tensor q_bias, k_bias, v_bias, o_bias;  // undefined when absent
-    torch::Tensor q_norm, k_norm;                  // [Dh], Qwen3 only
-    torch::Tensor gate, up, down;                  // [F, D], [F, D], [D, F]
-  };
-  torch::ScalarType st = torch::kFloat;
-  torch::Tensor embed, final_norm;  // [V, D], [D]
-  torch::Tensor lm_head;            // [V, D]; the embed tensor itself when tied
-  std::vector<Layer> layers;
-
-  RefWeights() = default;
-  RefWeights(const ModelWeights& w, torch::ScalarType st);
+// One decoder layer's weights as tensors of the compute dtype. Absent
+// optional weights stay undefined.
+struct LayerTensors {
+  torch::Tensor input_norm, post_attn_norm;      // [D]
+  torch::Tensor q, k, v, o;                      // [Hq*Dh, D], [Hkv*Dh, D] x2, [D, Hq*Dh]
+  torch::Tensor q_bias, k_bias, v_bias, o_bias;  // undefined when absent
+  torch::Tensor q_norm, k_norm;                  // [Dh], Qwen3 only
+  torch::Tensor gate, up, down;                  // [F, D], [F, D], [D, F]
 };
 
-// The same weights for a pass that goes layer by layer (the local-error
-// recompute, the float64 truth): the embedding, final norm and lm_head
-// converted once, the layers on demand into a few reused slots. A 1B model is
-// 8.8 GB in float64; two of its layers, 0.8 GB. A slot's buffers are
+// A checkpoint's weights for the decoder graph (ref/graph.h), which goes
+// layer by layer: the embedding, final norm and lm_head converted once, the
+// layers on demand into `slots` reused slots (a layer-major pass needs two;
+// the step-by-step engine one per layer). Tensors may alias the checkpoint's
+// mmap (stored in the compute dtype): the ModelWeights must outlive them. A
+// 1B model is 8.8 GB in float64; two of its layers, 0.8 GB. A slot's buffers are
 // overwritten in place only when nobody else holds them (a Layer returned by
 // layer() keeps its tensors alive and intact).
 class LayerByLayerWeights {
@@ -47,7 +38,7 @@ class LayerByLayerWeights {
   LayerByLayerWeights(const ModelWeights& w, torch::ScalarType st, int slots = 2);
   torch::ScalarType st() const { return st_; }
   size_t num_layers() const { return w_.layers.size(); }
-  RefWeights::Layer layer(int l);  // tensor handles (cheap to copy)
+  LayerTensors layer(int l);  // tensor handles (cheap to copy)
   torch::Tensor embed, final_norm, lm_head;  // lm_head: embed itself when tied
   int64_t conversions() const { return conversions_; }  // layers converted so far
 
@@ -55,7 +46,7 @@ class LayerByLayerWeights {
   struct Slot {
     int layer = -1;
     int64_t used = 0;
-    RefWeights::Layer w;
+    LayerTensors w;
   };
   const ModelWeights& w_;
   torch::ScalarType st_;

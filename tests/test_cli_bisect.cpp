@@ -21,7 +21,7 @@
 #include "compare/bisect_report.h"
 #include "dumps/config.h"
 #include "dumps/errors.h"
-#include "impl/bugs.h"
+#include "dumps/bugs.h"
 #include "ref/ref_engine.h"
 #include "tests/cli_runner.h"
 #include "tests/support.h"
@@ -115,8 +115,8 @@ std::vector<ZooCase> zoo_cases() {
   std::vector<ZooCase> out;
   for (const auto& model : golden_models()) {
     ModelConfig cfg = load_config(golden_model(model));
-    for (const auto& info : impl::all_bugs())
-      if (impl::bug_inapplicable_reason(info.bug, cfg).empty()) out.push_back({model, info.name});
+    for (const auto& info : zoo::all_bugs())
+      if (zoo::bug_inapplicable_reason(info.bug, cfg).empty()) out.push_back({model, info.name});
   }
   return out;
 }
@@ -134,10 +134,10 @@ void check_diagnosis(const BisectResult& r, const cli::ModelOracles& m, const st
   EXPECT_EQ(r.diagnosis.bug->bug, bug);
   EXPECT_TRUE(r.diagnosis.ambiguous.empty());
   EXPECT_FALSE(r.diagnosis.evidence.empty());
-  impl::BugSpec spec = impl::parse_bug(bug);
-  if (impl::bug_takes_value(spec.bug)) {
+  zoo::BugSpec spec = zoo::parse_bug(bug);
+  if (zoo::bug_takes_value(spec.bug)) {
     ASSERT_TRUE(r.diagnosis.bug->value.has_value());
-    EXPECT_DOUBLE_EQ(*r.diagnosis.bug->value, impl::bug_value(spec, m.model.config));
+    EXPECT_DOUBLE_EQ(*r.diagnosis.bug->value, zoo::bug_value(spec, m.model.config));
     EXPECT_NE(r.diagnosis.evidence.find("config says"), std::string::npos);
   }
 }
@@ -246,6 +246,36 @@ TEST_P(BisectClean, TheFloat64TruthIsTheRefEngineInFloat64) {
     MemoryDump want("ref engine float64");
     run_scenario(*engine, sc, want);
     EXPECT_GE(expect_same_values(*truth, want), 10u);
+  }
+}
+
+// A replay (every call's tokens known) runs layer-major through the graph:
+// at the candidate's dtype it must be the ref engine's forward, call by
+// call, bit for bit (each call has its own products, as in HF).
+TEST_P(BisectClean, TheLayerMajorReplayIsTheRefEngineBitForBit) {
+  const std::string model = GetParam();
+  const cli::ModelOracles& m = oracles(model);
+  for (const ComputeDType dtype : {ComputeDType::Float32, ComputeDType::BFloat16}) {
+    for (const std::string scenario : {"decode", "chunked"}) {
+      SCOPED_TRACE(model + " " + scenario + " " + compute_dtype_name(dtype));
+      const Scenario sc = golden_scenario(model, scenario);
+      std::unique_ptr<MemoryDump> replay = m.reference.run(sc, dtype);
+      ref::RefOptions o;
+      o.dtype = dtype;
+      o.threads = 1;
+      std::unique_ptr<Engine> engine = ref::make_ref_engine(m.model, o);
+      MemoryDump want("ref engine");
+      run_scenario(*engine, sc, want);
+      EXPECT_EQ(replay->names(), want.names());
+      size_t same = 0;
+      for (const auto& name : want.names()) {
+        const TensorData a = replay->get(name), b = want.get(name);
+        ASSERT_EQ(a.shape, b.shape) << name;
+        EXPECT_TRUE(a.f == b.f && a.i == b.i) << name << " differs";
+        ++same;
+      }
+      EXPECT_GT(same, 50u);
+    }
   }
 }
 

@@ -180,7 +180,7 @@ TEST(ImplGolden, ManifestFields) {
   EXPECT_EQ(engine->dtype_name(), "float32");
   EXPECT_NE(engine->producer().find("impl"), std::string::npos);
   impl::ImplOptions opt;
-  opt.bugs = {impl::parse_bug("rope-theta=5000")};
+  opt.bugs = {zoo::parse_bug("rope-theta=5000")};
   auto buggy = impl::make_impl_engine(model, opt);
   EXPECT_NE(buggy->producer().find("rope-theta=5000"), std::string::npos) << buggy->producer();
 }

@@ -11,7 +11,7 @@
 #include "dumps/errors.h"
 #include "dumps/names.h"
 #include "dumps/weights.h"
-#include "impl/bugs.h"
+#include "dumps/bugs.h"
 #include "impl/impl_engine.h"
 #include "tests/support.h"
 
@@ -21,7 +21,7 @@ namespace {
 using testing::golden_dump;
 using testing::golden_model;
 
-MemoryDump run(const Model& model, const Scenario& sc, const std::vector<impl::BugSpec>& bugs) {
+MemoryDump run(const Model& model, const Scenario& sc, const std::vector<zoo::BugSpec>& bugs) {
   impl::ImplOptions opt;
   opt.threads = 2;
   opt.bugs = bugs;
@@ -79,18 +79,18 @@ const ZooCase kZoo[] = {
 };
 
 TEST(ImplZoo, EachBugFirstChangesTheDumpWhereItIsMade) {
-  std::set<impl::Bug> covered;
+  std::set<zoo::Bug> covered;
   for (const ZooCase& z : kZoo) {
     SCOPED_TRACE(std::string(z.bug) + " on " + z.model + "/" + z.scenario);
     const Model model = Model::load(golden_model(z.model));
     const Scenario sc = replay_scenario(DumpFile(golden_dump(z.model, z.scenario)));
-    const impl::BugSpec spec = impl::parse_bug(z.bug);
+    const zoo::BugSpec spec = zoo::parse_bug(z.bug);
     covered.insert(spec.bug);
     const MemoryDump clean = run(model, sc, {});
     const MemoryDump buggy = run(model, sc, {spec});
     EXPECT_EQ(first_difference(clean, buggy), z.first);
   }
-  EXPECT_EQ(covered.size(), impl::all_bugs().size()) << "a bug of the zoo has no case";
+  EXPECT_EQ(covered.size(), zoo::all_bugs().size()) << "a bug of the zoo has no case";
 }
 
 TEST(ImplZoo, DumpsShowWhatTheBuggyEngineComputes) {
@@ -98,21 +98,21 @@ TEST(ImplZoo, DumpsShowWhatTheBuggyEngineComputes) {
   const int64_t Hkv = model.config.num_key_value_heads, Dh = model.config.head_dim;
   {
     const Scenario sc = replay_scenario(DumpFile(golden_dump("llama-gqa", "chunked")));
-    const MemoryDump d = run(model, sc, {impl::parse_bug("kv-overwrite")});
+    const MemoryDump d = run(model, sc, {zoo::parse_bug("kv-overwrite")});
     EXPECT_EQ(d.shape("step1.layers.0.attn.k_cache"), (Shape{Hkv, 3, Dh}));
     EXPECT_EQ(d.shape("step1.mask"), (Shape{3, 3}));
   }
   {
     // Positions follow the cache length, which is only the previous call's.
     const Scenario sc = replay_scenario(DumpFile(golden_dump("llama-gqa", "decode")));
-    const MemoryDump d = run(model, sc, {impl::parse_bug("kv-overwrite")});
+    const MemoryDump d = run(model, sc, {zoo::parse_bug("kv-overwrite")});
     EXPECT_EQ(d.get("step1.positions").i, std::vector<int64_t>{5});
     EXPECT_EQ(d.get("step2.positions").i, std::vector<int64_t>{1});
     EXPECT_EQ(d.shape("step2.layers.1.attn.v_cache"), (Shape{Hkv, 1, Dh}));
   }
   {
     const Scenario sc = replay_scenario(DumpFile(golden_dump("llama-gqa", "chunked")));
-    const MemoryDump d = run(model, sc, {impl::parse_bug("mask-square")});
+    const MemoryDump d = run(model, sc, {zoo::parse_bug("mask-square")});
     const TensorData m = d.get("step1.mask");  // [3, 7]: key s allowed iff s <= t
     ASSERT_EQ(m.shape, (Shape{3, 7}));
     for (int64_t t = 0; t < 3; ++t)
@@ -120,13 +120,13 @@ TEST(ImplZoo, DumpsShowWhatTheBuggyEngineComputes) {
   }
   {
     const Scenario sc = replay_scenario(DumpFile(golden_dump("llama-gqa", "decode")));
-    const MemoryDump d = run(model, sc, {impl::parse_bug("rope-position-reset")});
+    const MemoryDump d = run(model, sc, {zoo::parse_bug("rope-position-reset")});
     EXPECT_EQ(d.get("step2.positions").i, std::vector<int64_t>{0});
     EXPECT_EQ(d.shape("step2.layers.0.attn.k_cache"), (Shape{Hkv, 7, Dh}));  // the cache still grows
   }
   {
     const Scenario sc = replay_scenario(DumpFile(golden_dump("llama-gqa", "prefill")));
-    const MemoryDump d = run(model, sc, {impl::parse_bug("last-token-first")});
+    const MemoryDump d = run(model, sc, {zoo::parse_bug("last-token-first")});
     const TensorData fn = d.get("step0.final_norm"), lh = d.get("step0.last_hidden");
     const TensorData lg = d.get("step0.logits"), nl = d.get("step0.next_logits");
     const int64_t D = model.config.hidden_size, V = model.config.vocab_size;
@@ -135,7 +135,7 @@ TEST(ImplZoo, DumpsShowWhatTheBuggyEngineComputes) {
   }
   {
     const Scenario sc = replay_scenario(DumpFile(golden_dump("llama-gqa", "prefill")));
-    const MemoryDump d = run(model, sc, {impl::parse_bug("mask-missing")});
+    const MemoryDump d = run(model, sc, {zoo::parse_bug("mask-missing")});
     for (float v : d.get("step0.mask").f) EXPECT_EQ(v, 1.0f);
   }
 }
@@ -144,7 +144,7 @@ TEST(ImplZoo, SeveralBugsAtOnce) {
   const Model model = Model::load(golden_model("llama-gqa"));
   const Scenario sc = replay_scenario(DumpFile(golden_dump("llama-gqa", "prefill")));
   const MemoryDump clean = run(model, sc, {});
-  const MemoryDump buggy = run(model, sc, {impl::parse_bug("gate-up-swap"), impl::parse_bug("softmax-scale")});
+  const MemoryDump buggy = run(model, sc, {zoo::parse_bug("gate-up-swap"), zoo::parse_bug("softmax-scale")});
   EXPECT_EQ(first_difference(clean, buggy), "step0.layers.0.attn.scores");
   EXPECT_FALSE(same(clean.get("step0.layers.0.mlp.act"), buggy.get("step0.layers.0.mlp.act")));
 }
@@ -167,9 +167,9 @@ TEST(ImplZoo, InapplicableBugsAreRefused) {
   for (const Case& c : cases) {
     SCOPED_TRACE(std::string(c.bug) + " on " + c.model);
     const Model model = Model::load(golden_model(c.model));
-    const impl::BugSpec spec = impl::parse_bug(c.bug);
-    if (!impl::bug_takes_value(spec.bug)) {
-      EXPECT_NE(impl::bug_inapplicable_reason(spec.bug, model.config), "");
+    const zoo::BugSpec spec = zoo::parse_bug(c.bug);
+    if (!zoo::bug_takes_value(spec.bug)) {
+      EXPECT_NE(zoo::bug_inapplicable_reason(spec.bug, model.config), "");
     }
     impl::ImplOptions opt;
     opt.bugs = {spec};
@@ -177,39 +177,39 @@ TEST(ImplZoo, InapplicableBugsAreRefused) {
   }
   // ... and the applicable ones are not.
   const Model qwen2 = Model::load(golden_model("qwen2-bias"));
-  EXPECT_EQ(impl::bug_inapplicable_reason(impl::Bug::MissingBias, qwen2.config), "");
-  EXPECT_EQ(impl::bug_inapplicable_reason(impl::Bug::RepeatKvTile, qwen2.config), "");
+  EXPECT_EQ(zoo::bug_inapplicable_reason(zoo::Bug::MissingBias, qwen2.config), "");
+  EXPECT_EQ(zoo::bug_inapplicable_reason(zoo::Bug::RepeatKvTile, qwen2.config), "");
 }
 
 TEST(ImplZoo, ParsesBugSpecs) {
-  EXPECT_EQ(impl::parse_bug("mask-missing").bug, impl::Bug::MaskMissing);
-  EXPECT_FALSE(impl::parse_bug("mask-missing").value.has_value());
-  const impl::BugSpec theta = impl::parse_bug("rope-theta=5e4");
-  EXPECT_EQ(theta.bug, impl::Bug::RopeTheta);
+  EXPECT_EQ(zoo::parse_bug("mask-missing").bug, zoo::Bug::MaskMissing);
+  EXPECT_FALSE(zoo::parse_bug("mask-missing").value.has_value());
+  const zoo::BugSpec theta = zoo::parse_bug("rope-theta=5e4");
+  EXPECT_EQ(theta.bug, zoo::Bug::RopeTheta);
   EXPECT_EQ(*theta.value, 50000.0);
   EXPECT_EQ(theta.str(), "rope-theta=50000");
-  EXPECT_EQ(impl::parse_bug("rmsnorm-eps=1e-5").str(), "rmsnorm-eps=1e-05");
-  EXPECT_EQ(impl::parse_bug(impl::parse_bug("rmsnorm-eps=3.3e-7").str()).value, 3.3e-7);
-  for (const impl::BugInfo& info : impl::all_bugs()) {
-    EXPECT_EQ(impl::parse_bug(info.name).bug, info.bug);
-    EXPECT_STREQ(impl::bug_name(info.bug), info.name);
+  EXPECT_EQ(zoo::parse_bug("rmsnorm-eps=1e-5").str(), "rmsnorm-eps=1e-05");
+  EXPECT_EQ(zoo::parse_bug(zoo::parse_bug("rmsnorm-eps=3.3e-7").str()).value, 3.3e-7);
+  for (const zoo::BugInfo& info : zoo::all_bugs()) {
+    EXPECT_EQ(zoo::parse_bug(info.name).bug, info.bug);
+    EXPECT_STREQ(zoo::bug_name(info.bug), info.name);
   }
-  EXPECT_THROW(impl::parse_bug("no-such-bug"), UsageError);
-  EXPECT_THROW(impl::parse_bug("mask-missing=1"), UsageError);
-  EXPECT_THROW(impl::parse_bug("rope-theta=abc"), UsageError);
-  EXPECT_THROW(impl::parse_bug("rope-theta=0"), UsageError);
-  EXPECT_THROW(impl::parse_bug("rope-theta="), UsageError);
+  EXPECT_THROW(zoo::parse_bug("no-such-bug"), UsageError);
+  EXPECT_THROW(zoo::parse_bug("mask-missing=1"), UsageError);
+  EXPECT_THROW(zoo::parse_bug("rope-theta=abc"), UsageError);
+  EXPECT_THROW(zoo::parse_bug("rope-theta=0"), UsageError);
+  EXPECT_THROW(zoo::parse_bug("rope-theta="), UsageError);
   try {
-    impl::parse_bug("rope-thta");
+    zoo::parse_bug("rope-thta");
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("rope-theta"), std::string::npos) << "lists the known bugs: " << e.what();
   }
   // Documented defaults.
   const Model gqa = Model::load(golden_model("llama-gqa"));  // theta 10000, eps 1e-5
-  EXPECT_EQ(impl::bug_value(impl::parse_bug("rope-theta"), gqa.config), 1000.0);
-  EXPECT_EQ(impl::bug_value(impl::parse_bug("rmsnorm-eps"), gqa.config), 1e-6);
+  EXPECT_EQ(zoo::bug_value(zoo::parse_bug("rope-theta"), gqa.config), 1000.0);
+  EXPECT_EQ(zoo::bug_value(zoo::parse_bug("rmsnorm-eps"), gqa.config), 1e-6);
   const Model qwen2 = Model::load(golden_model("qwen2-bias"));  // eps 1e-6
-  EXPECT_EQ(impl::bug_value(impl::parse_bug("rmsnorm-eps"), qwen2.config), 1e-5);
+  EXPECT_EQ(zoo::bug_value(zoo::parse_bug("rmsnorm-eps"), qwen2.config), 1e-5);
 }
 
 }  // namespace

@@ -212,37 +212,39 @@ TEST(RefEngineInfo, ProducerAndDtype) {
 
 // Layer-by-layer weights: each layer as the whole conversion has it, slots
 // reused in place only when nobody holds their tensors.
-TEST(RefLayerByLayerWeights, SameValuesAsTheWholeConversionAndSlotsReusedSafely) {
+TEST(RefLayerByLayerWeights, SameValuesAsEachWeightConvertedAloneAndSlotsReusedSafely) {
   for (const std::string m : {"llama-gqa", "llama-mha-bf16"}) {
     SCOPED_TRACE(m);
     Model model = Model::load(golden_model(m));
     ASSERT_GE(model.weights->layers.size(), 2u);
-    ref::RefWeights whole(*model.weights, torch::kDouble);
     ref::LayerByLayerWeights lw(*model.weights, torch::kDouble, /*slots=*/1);
-    EXPECT_TRUE(torch::equal(lw.embed, whole.embed));
-    EXPECT_TRUE(torch::equal(lw.lm_head, whole.lm_head));
-    auto same = [&](const ref::RefWeights::Layer& a, const ref::RefWeights::Layer& b) {
-      return torch::equal(a.q, b.q) && torch::equal(a.k, b.k) && torch::equal(a.v, b.v) && torch::equal(a.o, b.o) &&
-             torch::equal(a.gate, b.gate) && torch::equal(a.up, b.up) && torch::equal(a.down, b.down) &&
-             torch::equal(a.input_norm, b.input_norm) && torch::equal(a.post_attn_norm, b.post_attn_norm);
+    auto whole = [&](const WeightView& w) { return ref::weight_tensor(w, torch::kDouble); };
+    EXPECT_TRUE(torch::equal(lw.embed, whole(model.weights->embed)));
+    EXPECT_TRUE(torch::equal(lw.lm_head, whole(model.weights->lm_head_tied ? model.weights->embed : model.weights->lm_head)));
+    auto same = [&](const ref::LayerTensors& a, size_t layer) {
+      const LayerWeights& b = model.weights->layers[layer];
+      return torch::equal(a.q, whole(b.q)) && torch::equal(a.k, whole(b.k)) && torch::equal(a.v, whole(b.v)) &&
+             torch::equal(a.o, whole(b.o)) && torch::equal(a.gate, whole(b.gate)) && torch::equal(a.up, whole(b.up)) &&
+             torch::equal(a.down, whole(b.down)) && torch::equal(a.input_norm, whole(b.input_norm)) &&
+             torch::equal(a.post_attn_norm, whole(b.post_attn_norm));
     };
     const void* slot_buffer = nullptr;
     {
-      ref::RefWeights::Layer l0 = lw.layer(0);
+      ref::LayerTensors l0 = lw.layer(0);
       EXPECT_EQ(l0.q.scalar_type(), torch::kDouble);
-      EXPECT_TRUE(same(l0, whole.layers[0]));
+      EXPECT_TRUE(same(l0, 0));
       slot_buffer = l0.q.data_ptr();
     }
     // Nobody holds layer 0: layer 1 is converted into the same buffers.
-    ref::RefWeights::Layer l1 = lw.layer(1);
-    EXPECT_TRUE(same(l1, whole.layers[1]));
+    ref::LayerTensors l1 = lw.layer(1);
+    EXPECT_TRUE(same(l1, 1));
     EXPECT_EQ(l1.q.data_ptr(), slot_buffer);
     EXPECT_EQ(lw.conversions(), 2);
     // A layer still held keeps its values when the slot takes another one.
-    ref::RefWeights::Layer again0 = lw.layer(0);
-    EXPECT_TRUE(same(again0, whole.layers[0]));
+    ref::LayerTensors again0 = lw.layer(0);
+    EXPECT_TRUE(same(again0, 0));
     EXPECT_NE(again0.q.data_ptr(), l1.q.data_ptr());
-    EXPECT_TRUE(same(l1, whole.layers[1]));
+    EXPECT_TRUE(same(l1, 1));
     // A hit converts nothing.
     lw.layer(0);
     EXPECT_EQ(lw.conversions(), 3);

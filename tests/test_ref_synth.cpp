@@ -544,7 +544,7 @@ long rss_anon_kb() {
   return -1;
 }
 
-TEST(RefWeights, UsedInPlaceWithoutACopy) {
+TEST(RefEngineWeights, UsedInPlaceWithoutACopy) {
   if (rss_anon_kb() < 0) GTEST_SKIP() << "no RssAnon in /proc/self/status";
   Spec sp;
   sp.name = "llama-big-vocab";

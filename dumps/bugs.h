@@ -1,5 +1,6 @@
-// The bug zoo: classic mistakes of LLM inference engines, switched on one at a
-// time in the impl to prove that llmdiff finds them.
+// The bug zoo: classic mistakes of LLM inference engines. Each bug is one
+// registry entry here, used by the impl (--inject), the ref's variant ops
+// (ref/graph.h) and the diagnosis (through compare/'s runner interfaces).
 #pragma once
 #include <optional>
 #include <string>
@@ -7,7 +8,7 @@
 
 #include "dumps/config.h"
 
-namespace llmdiff::impl {
+namespace llmdiff::zoo {
 
 enum class Bug {
   RopeInterleaved, RopeTheta, RopeScalingIgnored, RopePositionReset, RepeatKvTile,
@@ -68,4 +69,4 @@ struct Faults {
 // others to the returned Faults.
 Faults apply_bugs(const std::vector<BugSpec>& bugs, ModelConfig& cfg);
 
-}  // namespace llmdiff::impl
+}  // namespace llmdiff::zoo

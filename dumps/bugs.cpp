@@ -1,4 +1,4 @@
-#include "impl/bugs.h"
+#include "dumps/bugs.h"
 
 #include <cmath>
 #include <cstdio>
@@ -6,7 +6,7 @@
 
 #include "dumps/errors.h"
 
-namespace llmdiff::impl {
+namespace llmdiff::zoo {
 
 const std::vector<BugInfo>& all_bugs() {
   static const std::vector<BugInfo> bugs = {
@@ -171,4 +171,4 @@ Faults apply_bugs(const std::vector<BugSpec>& bugs, ModelConfig& cfg) {
   return f;
 }
 
-}  // namespace llmdiff::impl
+}  // namespace llmdiff::zoo

@@ -1,0 +1,567 @@
+// The decoder graph of ref/graph.h: LlamaForCausalLM.forward (LlamaModel +
+// lm_head) of transformers 4.51.3, equally Qwen2ForCausalLM and
+// Qwen3ForCausalLM (q/k/v and o_proj biases, Qwen3's per-head q_norm/k_norm
+// and the family's mask construction are config fields), as one site table
+// (Graph::compute_uncached) evaluated on demand.
+#include "ref/graph.h"
+
+#include <torch/version.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "dumps/engine.h"
+#include "dumps/errors.h"
+#include "dumps/names.h"
+
+namespace llmdiff::ref {
+
+// ---------------------------------------------------------------------------
+// Model checks
+
+void check_model(const ModelConfig& c, const ModelWeights& weights) {
+  auto fail = [&](const std::string& what) { throw ConfigError(c.source, what); };
+  if (c.hidden_size <= 0 || c.intermediate_size <= 0 || c.num_hidden_layers <= 0 || c.vocab_size <= 0)
+    fail("the ref needs positive hidden_size, intermediate_size, num_hidden_layers and vocab_size");
+  if (c.num_attention_heads <= 0 || c.num_key_value_heads <= 0 ||
+      c.num_attention_heads % c.num_key_value_heads != 0)
+    fail("the ref needs num_attention_heads (" + std::to_string(c.num_attention_heads) +
+         ") to be a positive multiple of num_key_value_heads (" + std::to_string(c.num_key_value_heads) + ")");
+  if (c.head_dim < 2 || c.head_dim % 2 != 0)
+    fail("the ref needs an even head_dim for RoPE, got " + std::to_string(c.head_dim));
+  if (c.rope_theta <= 0) fail("the ref needs rope_theta > 0");
+  if (c.max_position_embeddings <= 0) fail("the ref needs max_position_embeddings > 0");
+  if (c.rope_scaling.type == RopeScaling::Type::Dynamic && c.head_dim <= 2) fail("dynamic RoPE needs head_dim > 2");
+  if (c.rope_scaling.type == RopeScaling::Type::Llama3 && c.rope_scaling.original_max_position_embeddings <= 0)
+    fail("llama3 RoPE needs rope_scaling.original_max_position_embeddings");
+
+  // The weights were checked against the config they were loaded with; the
+  // model's config must describe the same shapes.
+  const ModelConfig& loaded = weights.config();
+  auto same = [&](const char* field, int64_t a, int64_t b) {
+    if (a != b)
+      fail(std::string("config field ") + field + " is " + std::to_string(a) + " but the weights were loaded for " +
+           std::to_string(b));
+  };
+  same("hidden_size", c.hidden_size, loaded.hidden_size);
+  same("intermediate_size", c.intermediate_size, loaded.intermediate_size);
+  same("num_hidden_layers", c.num_hidden_layers, loaded.num_hidden_layers);
+  same("num_attention_heads * head_dim", c.q_dim(), loaded.q_dim());
+  same("num_key_value_heads * head_dim", c.kv_dim(), loaded.kv_dim());
+  same("head_dim", c.head_dim, loaded.head_dim);
+  same("vocab_size", c.vocab_size, loaded.vocab_size);
+  if (int64_t(weights.layers.size()) != c.num_hidden_layers)
+    fail("the checkpoint holds " + std::to_string(weights.layers.size()) + " layers, the config " +
+         std::to_string(c.num_hidden_layers));
+  for (const LayerWeights& L : weights.layers) {
+    if (c.qkv_bias && !(L.q_bias && L.k_bias && L.v_bias))
+      fail("config asks for q/k/v biases but the checkpoint lacks them");
+    if (c.o_bias && !L.o_bias) fail("config asks for an o_proj bias but the checkpoint lacks it");
+    if (c.qk_norm && !(L.q_norm && L.k_norm)) fail("Qwen3 needs q_norm/k_norm weights, the checkpoint lacks them");
+  }
+}
+
+std::string producer(ComputeDType dtype) {
+  return std::string("llmdiff ref (libtorch ") + TORCH_VERSION + ", HF transformers 4.51.3 eager numerics) / " +
+         compute_dtype_name(dtype);
+}
+
+// ---------------------------------------------------------------------------
+// RopeState: LlamaRotaryEmbedding.__init__ and dynamic_rope_update
+
+RopeState::RopeState(const ModelConfig& cfg, torch::ScalarType dtype)
+    : cfg_(cfg), dtype_(dtype), original_(ops::rope_init(cfg, 0, dtype)), current_(original_),
+      max_seq_len_cached_(cfg.max_position_embeddings) {}
+
+const ops::RopeInit& RopeState::update(int64_t seq_len) {
+  if (cfg_.rope_scaling.type != RopeScaling::Type::Dynamic) return current_;
+  const int64_t original_max_seq_len = cfg_.max_position_embeddings;
+  if (seq_len > max_seq_len_cached_) {  // growth
+    current_ = ops::rope_init(cfg_, seq_len, dtype_);
+    max_seq_len_cached_ = seq_len;
+  }
+  if (seq_len < original_max_seq_len && max_seq_len_cached_ > original_max_seq_len) {  // reset
+    current_ = original_;
+    max_seq_len_cached_ = original_max_seq_len;
+  }
+  return current_;
+}
+
+// ---------------------------------------------------------------------------
+// Variant ops: how the bug zoo's op substitutions compute
+
+namespace {
+
+double finfo_min(torch::ScalarType st) {
+  switch (st) {
+    case torch::kDouble: return std::numeric_limits<double>::lowest();
+    case torch::kBFloat16: return double(static_cast<float>(std::numeric_limits<c10::BFloat16>::lowest()));
+    case torch::kHalf: return double(static_cast<float>(std::numeric_limits<c10::Half>::lowest()));
+    default: return double(std::numeric_limits<float>::lowest());
+  }
+}
+
+// rope-interleaved: adjacent pairs (2i, 2i+1) rotated at frequency i. x [H, T, Dh],
+// cos/sin [T, Dh] in the rotate-half layout (their first half is used).
+torch::Tensor apply_rope_interleaved(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  using torch::indexing::None;
+  using torch::indexing::Slice;
+  const int64_t half = x.size(-1) / 2;
+  torch::Tensor c = cos.slice(-1, 0, half).unsqueeze(0);  // [1, T, Dh/2]
+  torch::Tensor s = sin.slice(-1, 0, half).unsqueeze(0);  // [1, T, Dh/2]
+  torch::Tensor x1 = x.index({"...", Slice(0, None, 2)});  // [H, T, Dh/2]
+  torch::Tensor x2 = x.index({"...", Slice(1, None, 2)});  // [H, T, Dh/2]
+  torch::Tensor even = x1 * c - x2 * s;                    // [H, T, Dh/2]
+  torch::Tensor odd = x2 * c + x1 * s;                     // [H, T, Dh/2]
+  return torch::stack({even, odd}, -1).reshape(x.sizes());  // [H, T, Dh]
+}
+
+// repeat-kv-tile: query head h reads kv head h mod Hkv. [Hkv, S, Dh] -> [Hkv*n_rep, S, Dh]
+torch::Tensor repeat_kv_tile(const torch::Tensor& kv, int64_t n_rep) { return kv.repeat({n_rep, 1, 1}); }
+
+int64_t argmax_row(const torch::Tensor& row) {
+  torch::Tensor f = row.to(torch::kFloat).contiguous();
+  return argmax_first(std::vector<float>(f.data_ptr<float>(), f.data_ptr<float>() + f.numel()));
+}
+
+bool is_cache_site(const std::string& site) { return site == "attn.k_cache" || site == "attn.v_cache"; }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Graph: the executor
+
+Graph::Graph(ModelConfig cfg, LayerByLayerWeights& w, const GraphOptions& opt, const TensorSource* dump,
+             RopeState* rope)
+    : cfg_(std::move(cfg)), w_(w), opt_(opt), dump_(dump), st_(w.st()),
+      rope_dtype_(w.st() == torch::kDouble ? torch::kDouble : torch::kFloat) {
+  if (opt_.inputs == Inputs::Dump && !dump_) throw UsageError("graph: teacher forcing needs a dump");
+  if (!rope) own_rope_ = std::make_unique<RopeState>(cfg_, rope_dtype_);
+  rope_ = rope ? rope : own_rope_.get();
+  if (opt_.inputs == Inputs::Dump) {
+    for (const auto& tokens : dump_->step_tokens()) add_step(tokens);
+    if (dump_->has("generated")) {
+      const int64_t m = numel(dump_->shape("generated"));
+      first_generating_ = int(std::max<int64_t>(0, int64_t(tokens_.size()) - m));
+    }
+  }
+}
+
+void Graph::add_step(const std::vector<int64_t>& tokens) {
+  if (tokens.empty()) throw UsageError("forward: no tokens");
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] < 0 || tokens[i] >= cfg_.vocab_size)
+      throw UsageError("forward: token id " + std::to_string(tokens[i]) + " at index " + std::to_string(i) +
+                       " is outside the vocabulary [0, " + std::to_string(cfg_.vocab_size) + ")");
+  const size_t s = tokens_.size();
+  int64_t at = 0;
+  for (const auto& t : tokens_) at += int64_t(t.size());
+  // kv-overwrite keeps only the previous call's keys.
+  past_.push_back(opt_.faults.kv_overwrite ? (s == 0 ? 0 : int64_t(tokens_[s - 1].size())) : at);
+  tokens_.push_back(tokens);
+  // rotary_emb(hidden_states, position_ids) with dynamic_rope_update:
+  // seq_len = max(position_ids) + 1.
+  const int64_t start = opt_.faults.position_reset ? 0 : past_.back();
+  step_rope_.push_back(rope_->update(start + int64_t(tokens.size())));
+}
+
+void Graph::set_generated(int first_step) { first_generating_ = first_step; }
+
+std::vector<std::string> Graph::names(int first, int last) const {
+  std::vector<std::string> out;
+  if (first == 0 && last > 0) out.push_back("rope.inv_freq");
+  for (int s = first; s < last; ++s) {
+    for (const auto& site : step_sites_before_layers()) out.push_back(step_name(s, site));
+    for (int l = 0; l < int(cfg_.num_hidden_layers); ++l)
+      for (const auto& site : layer_sites()) out.push_back(layer_name(s, l, site));
+    for (const auto& site : step_sites_after_layers()) out.push_back(step_name(s, site));
+  }
+  if (first_generating_ >= 0 && last == steps()) out.push_back("generated");
+  return out;
+}
+
+void Graph::run(const std::vector<std::string>& names, Observer& out, std::map<std::string, std::string>* source,
+                bool keep_caches) {
+  torch::NoGradGuard no_grad;
+  // Layer-major: the step sites before the layers, then layer by layer
+  // (each for every step), then the sites after the layers. Once layer l is
+  // reached, the values of layer l-2 and earlier are dropped: the memo holds
+  // about two layers instead of the whole model's activations.
+  auto phase = [](const CanonName& c) {
+    if (c.kind == CanonName::Kind::Layer) return 1;
+    if (c.kind == CanonName::Kind::Generated) return 2;
+    if (c.kind == CanonName::Kind::Step &&
+        (c.site == "final_norm" || c.site == "last_hidden" || c.site == "logits" || c.site == "next_logits"))
+      return 2;
+    return 0;
+  };
+  std::vector<std::pair<std::pair<int, int>, std::string>> order;
+  for (const auto& n : names) {
+    CanonName c = parse_name(n);
+    order.push_back({{phase(c), c.kind == CanonName::Kind::Layer ? c.layer : 0}, n});
+  }
+  std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  int reached = -1;
+  for (const auto& [key, name] : order) {
+    if (key.first == 1 && key.second > reached) {
+      reached = key.second;
+      forget_layers_before(reached - 1, keep_caches);
+    }
+    const Value* v = compute(name);
+    if (!v || !v->t.defined() || !out.wants(name)) continue;
+    torch::Tensor t = v->t.contiguous();
+    Shape shape(t.sizes().begin(), t.sizes().end());
+    if (t.scalar_type() == torch::kLong) {
+      out.on_i64(name, shape, t.data_ptr<int64_t>());
+    } else {
+      torch::Tensor f = t.to(torch::kFloat).contiguous();
+      out.on_f32(name, shape, f.data_ptr<float>());
+    }
+    if (source) (*source)[name] = describe(*v);
+  }
+}
+
+torch::Tensor Graph::value(const std::string& name) const {
+  auto it = memo_.find(name);
+  return it == memo_.end() ? torch::Tensor() : it->second.t;
+}
+
+void Graph::keep_only_caches() {
+  const int last = steps() - 1;
+  for (auto it = memo_.begin(); it != memo_.end();) {
+    CanonName c = parse_name(it->first);
+    const bool keep = c.kind == CanonName::Kind::Layer && c.step == last && is_cache_site(c.site);
+    it = keep ? std::next(it) : memo_.erase(it);
+  }
+  dump_cache_.clear();
+  tables_.clear();
+}
+
+void Graph::forget_layers_before(int layer, bool keep_caches) {
+  const int last = steps() - 1;
+  auto old = [&](const std::string& name, bool is_memo) {
+    CanonName c = parse_name(name);
+    if (c.kind != CanonName::Kind::Layer || c.layer >= layer) return false;
+    return !(is_memo && keep_caches && c.step == last && is_cache_site(c.site));
+  };
+  for (auto it = memo_.begin(); it != memo_.end();) it = old(it->first, true) ? memo_.erase(it) : std::next(it);
+  for (auto it = dump_cache_.begin(); it != dump_cache_.end();)
+    it = old(it->first, false) ? dump_cache_.erase(it) : std::next(it);
+}
+
+std::string Graph::describe(const Value& v) {
+  std::string s;
+  bool chained = false;
+  for (const auto& d : v.direct) {
+    if (!d.empty() && d.back() == '*') chained = true;
+    s += (s.empty() ? "" : ", ") + d;
+  }
+  if (s.empty()) return "reference structure";
+  if (!chained) return s;
+  std::string f;
+  size_t k = 0;
+  for (const auto& n : v.frontier) {
+    if (k++ == 3) {
+      f += ", +" + std::to_string(v.frontier.size() - 3) + " more";
+      break;
+    }
+    f += (f.empty() ? "" : ", ") + n;
+  }
+  return s + " (* recomputed; reads the dump's " + (f.empty() ? std::string("tokens only") : f) + ")";
+}
+
+std::string Graph::short_name(const std::string& name) {
+  CanonName c = parse_name(name);
+  if (c.kind == CanonName::Kind::Layer) return "layers." + std::to_string(c.layer) + "." + c.site;
+  if (c.kind == CanonName::Kind::Step) return c.site;
+  return name;
+}
+
+// The value an op reads for `name`, recording it in `reads`: the step's
+// tokens, a teacher-forced input from the dump, or a computed site.
+torch::Tensor Graph::input(const std::string& name, Value& reads) {
+  CanonName c = parse_name(name);
+  if (c.kind == CanonName::Kind::Step && c.site == "tokens" && c.step >= 0 && c.step < steps()) {
+    reads.direct.push_back(short_name(name));
+    reads.frontier.insert(name);
+    return torch::tensor(tokens_[size_t(c.step)], torch::kLong);  // [T]
+  }
+  if (opt_.inputs == Inputs::Dump && dump_->has(name)) {
+    auto it = dump_cache_.find(name);
+    if (it == dump_cache_.end()) {
+      TensorData d = dump_->get(name);
+      torch::Tensor t;
+      if (d.is_int)
+        t = torch::tensor(d.i, torch::kLong).reshape(d.shape);
+      else  // one conversion straight from the dump's values (a copy when st_ is float32)
+        t = torch::from_blob(d.f.data(), d.shape, torch::kFloat).to(st_, false, /*copy=*/true);
+      it = dump_cache_.emplace(name, t).first;
+    }
+    reads.direct.push_back(short_name(name));
+    reads.frontier.insert(name);
+    return it->second;
+  }
+  const Value* v = compute(name);
+  if (!v || !v->t.defined()) throw UsageError("cannot recompute " + name);
+  reads.direct.push_back(short_name(name) + "*");
+  reads.frontier.insert(v->frontier.begin(), v->frontier.end());
+  return v->t;
+}
+
+const Graph::Value* Graph::compute(const std::string& name) {
+  auto it = memo_.find(name);
+  if (it != memo_.end()) return &it->second;
+  if (in_progress_.count(name)) return nullptr;
+  in_progress_.insert(name);
+  Value v;
+  try {
+    v = compute_uncached(parse_name(name));
+  } catch (const std::exception&) {
+    in_progress_.erase(name);
+    // Free-running, every input exists: an error is the model's, reported.
+    // Teacher-forced, an input may be missing or of a shape the op cannot
+    // take: the site cannot be recomputed.
+    if (opt_.inputs == Inputs::Tokens) throw;
+    v = Value{};
+  }
+  in_progress_.erase(name);
+  return &memo_.emplace(name, std::move(v)).first->second;
+}
+
+// --- the structure of each forward call --------------------------------------
+
+// cache_position (= position_ids[0]): the positions after what the cache holds.
+torch::Tensor Graph::positions(int s) const {
+  const int64_t start = opt_.faults.position_reset ? 0 : P(s);
+  return torch::arange(start, start + T(s), torch::kLong);  // [T]
+}
+
+// LlamaRotaryEmbedding.forward: cos/sin [T, Dh] of the call's positions.
+std::pair<torch::Tensor, torch::Tensor> Graph::rope_table(int s) {
+  auto it = tables_.find(s);
+  if (it != tables_.end()) return it->second;
+  auto cs = ops::rope_cos_sin(step_rope_[size_t(s)], positions(s), st_);  // [T, Dh] each
+  tables_[s] = cs;
+  return cs;
+}
+
+// _update_causal_mask without an attention_mask: the additive mask [T, S].
+torch::Tensor Graph::additive_mask(int s) const {
+  const zoo::Faults& f = opt_.faults;
+  const int64_t t = T(s), S = f.kv_overwrite ? t : P(s) + t;
+  if (f.mask_missing) return torch::zeros({t, S}, torch::dtype(st_));
+  if (f.mask_square) {
+    torch::Tensor allowed = torch::arange(S, torch::kLong).unsqueeze(0) <= torch::arange(t, torch::kLong).unsqueeze(1);
+    return torch::where(allowed, torch::zeros({t, S}, torch::dtype(st_)),
+                        torch::full({t, S}, finfo_min(st_), torch::dtype(st_)));
+  }
+  return ops::causal_mask(cfg_, t, f.kv_overwrite ? 0 : P(s), st_);
+}
+
+// Whether step s's token is the greedy pick of step s-1, to be checked
+// against it: only in a decode dump without `generated` (which, when
+// present, is where the greedy picks are checked; the step tokens may then
+// be another run's, replayed).
+bool Graph::greedy_step(int s) const {
+  if (opt_.inputs != Inputs::Dump) return false;
+  if (s < 1 || T(s) != 1 || first_generating_ >= 0) return false;
+  if (dump_->manifest().scenario != "decode") return false;
+  for (int r = s; r < steps(); ++r)
+    if (T(r) != 1) return false;
+  return true;
+}
+
+// A projection `out` = linear(`in`, W, b) at step s. With batch_steps it is
+// computed for every step at once (rows stacked: one matrix product instead
+// of one per decode step, each of which would stream the whole weight); the
+// other steps' results go to the memo, and a step whose input cannot be had
+// is left to be computed alone. `name_at(t, site)` names a site at step t.
+template <class NameAt>
+Graph::Value Graph::batched_linear(int s, NameAt name_at, const std::string& in, const std::string& out,
+                                   const torch::Tensor& W, const torch::Tensor& b) {
+  std::vector<int> steps;
+  std::vector<Value> values;
+  std::vector<torch::Tensor> xs;
+  for (int t = 0; t < this->steps(); ++t) {
+    if (t != s && !opt_.batch_steps) continue;
+    const std::string name = name_at(t, out);
+    if (t != s && (memo_.count(name) || in_progress_.count(name))) continue;
+    Value v;
+    torch::Tensor x;
+    if (t == s) {
+      x = input(name_at(t, in), v);  // throws: this step cannot be computed
+    } else {
+      try {
+        x = input(name_at(t, in), v);
+      } catch (const std::exception&) {
+        continue;
+      }
+    }
+    steps.push_back(t);
+    values.push_back(std::move(v));
+    xs.push_back(x);
+  }
+  torch::Tensor y = ops::linear(xs.size() == 1 ? xs[0] : torch::cat(xs, 0), W, b);  // [sum T, out]
+  Value mine;
+  int64_t row = 0;
+  for (size_t k = 0; k < steps.size(); ++k) {
+    const int64_t rows = xs[k].size(0);
+    values[k].t = xs.size() == 1 ? y : y.narrow(0, row, rows);  // [T, out]
+    row += rows;
+    if (steps[k] == s)
+      mine = std::move(values[k]);
+    else
+      memo_.emplace(name_at(steps[k], out), std::move(values[k]));
+  }
+  return mine;
+}
+
+// --- the site table --------------------------------------------------------------
+
+Graph::Value Graph::compute_uncached(const CanonName& c) {
+  Value v;
+  const zoo::Faults& f = opt_.faults;
+  const int64_t Hq = cfg_.num_attention_heads, Hkv = cfg_.num_key_value_heads, Dh = cfg_.head_dim;
+  const int64_t n_rep = Hq / Hkv;  // num_key_value_groups
+  const double eps = cfg_.rms_norm_eps;
+  auto step_in = [&](int s, const std::string& site) { return input(step_name(s, site), v); };
+  if (c.kind == CanonName::Kind::InvFreq) {
+    if (steps() == 0) return v;
+    v.t = step_rope_[0].inv_freq;  // [Dh/2]
+    return v;
+  }
+  if (c.kind == CanonName::Kind::Generated) {
+    if (first_generating_ < 0) return v;
+    std::vector<int64_t> g;
+    for (int s = first_generating_; s < steps(); ++s) g.push_back(argmax_row(step_in(s, "next_logits")));
+    v.t = torch::tensor(g, torch::kLong);  // [steps - first]
+    return v;
+  }
+  if (c.step < 0 || c.step >= steps()) return v;
+  const int s = c.step;
+  const int64_t t = T(s);
+
+  // LlamaModel.forward around the layers, and LlamaForCausalLM's head.
+  if (c.kind == CanonName::Kind::Step) {
+    const std::string& site = c.site;
+    if (site == "tokens") {
+      if (opt_.inputs == Inputs::Tokens) {
+        v.t = torch::tensor(tokens_[size_t(s)], torch::kLong);  // [T]
+      } else if (greedy_step(s)) {  // a dump's tokens are its input, checked only where greedy
+        v.t = torch::tensor(std::vector<int64_t>{argmax_row(step_in(s - 1, "next_logits"))}, torch::kLong);
+      }
+    } else if (site == "positions") {
+      v.t = positions(s);  // [T]
+    } else if (site == "rope.cos") {
+      v.t = rope_table(s).first;  // [T, Dh]
+    } else if (site == "rope.sin") {
+      v.t = rope_table(s).second;  // [T, Dh]
+    } else if (site == "mask") {
+      v.t = ops::mask_allowed(additive_mask(s));  // [T, S]
+    } else if (site == "embed") {
+      v.t = ops::embed(w_.embed, step_in(s, "tokens"));  // [T, D]
+    } else if (site == "final_norm") {
+      torch::Tensor h = input(layer_name(s, int(cfg_.num_hidden_layers) - 1, "out"), v);  // [T, D]
+      v.t = ops::rms_norm(h, w_.final_norm, eps);                                         // [T, D]
+    } else if (site == "last_hidden") {
+      v.t = step_in(s, "final_norm")[f.last_token_first ? 0 : t - 1];  // [D]
+    } else if (site == "logits") {
+      return batched_linear(s, [](int k, const std::string& x) { return step_name(k, x); }, "final_norm", "logits",
+                            f.lm_head_embed ? w_.embed : w_.lm_head, {});  // [T, V]
+    } else if (site == "next_logits") {
+      v.t = step_in(s, "logits")[f.last_token_first ? 0 : t - 1];  // [V]
+    }
+    return v;
+  }
+
+  // LlamaDecoderLayer.forward
+  if (c.kind != CanonName::Kind::Layer || c.layer < 0 || c.layer >= int64_t(w_.num_layers())) return v;
+  const int l = c.layer;
+  const LayerTensors L = w_.layer(l);  // handles: the slot stays intact while they live
+  const std::string& site = c.site;
+  auto here = [&](const std::string& x) { return input(layer_name(s, l, x), v); };
+  auto at_layer = [l](int k, const std::string& x) { return layer_name(k, l, x); };
+  auto project = [&](const std::string& in, const torch::Tensor& W, const torch::Tensor& b) {
+    return batched_linear(s, at_layer, in, site, W, b);
+  };
+  auto layer_input = [&]() {
+    return l == 0 ? input(step_name(s, "embed"), v) : input(layer_name(s, l - 1, "out"), v);  // [T, D]
+  };
+  auto rope = [&](const torch::Tensor& x) {  // x [H, T, Dh]
+    auto [cos, sin] = rope_table(s);
+    return f.rope_interleaved ? apply_rope_interleaved(x, cos, sin) : ops::apply_rope(x, cos, sin);
+  };
+  auto repeat = [&](const torch::Tensor& kv) {  // [Hkv, S, Dh] -> [Hq, S, Dh]
+    return f.repeat_kv_tile ? repeat_kv_tile(kv, n_rep) : ops::repeat_kv(kv, n_rep);
+  };
+  // DynamicCache.update: the first call stores the tensors, later ones concatenate.
+  auto cache = [&](const std::string& which, const torch::Tensor& fresh) {  // fresh [Hkv, T, Dh]
+    if (s == 0 || f.kv_overwrite) return fresh;
+    return torch::cat({input(layer_name(s - 1, l, which), v), fresh}, 1);  // [Hkv, S, Dh]
+  };
+  const bool qk = cfg_.qk_norm;
+  const bool qk_late = qk && f.qk_norm_after_rope;
+
+  if (site == "attn_norm") {  // input_layernorm
+    v.t = ops::rms_norm(layer_input(), L.input_norm, eps);  // [T, D]
+  } else if (site == "attn.q" || site == "attn.k" || site == "attn.v") {  // q_proj / k_proj / v_proj
+    const char p = site.back();
+    const torch::Tensor& W = p == 'q' ? L.q : p == 'k' ? L.k : L.v;
+    const torch::Tensor& b = !cfg_.qkv_bias ? torch::Tensor() : p == 'q' ? L.q_bias : p == 'k' ? L.k_bias : L.v_bias;
+    return project("attn_norm", W, b);  // [T, H*Dh]
+  } else if (site == "attn.q_norm" || site == "attn.k_norm") {  // Qwen3Attention: per head, before the transpose
+    if (!qk) return v;
+    const bool is_q = site == "attn.q_norm";
+    const int64_t H = is_q ? Hq : Hkv;
+    torch::Tensor x = here(is_q ? "attn.q" : "attn.k").view({t, H, Dh});             // [T, H, Dh]
+    if (qk_late) x = rope(x.transpose(0, 1)).transpose(0, 1);                       // [T, H, Dh]
+    v.t = ops::rms_norm(x, is_q ? L.q_norm : L.k_norm, eps).reshape({t, H * Dh});   // [T, H*Dh]
+  } else if (site == "attn.q_rope" || site == "attn.k_rope") {  // apply_rotary_pos_emb
+    const bool is_q = site == "attn.q_rope";
+    const int64_t H = is_q ? Hq : Hkv;
+    const std::string src = qk && !qk_late ? (is_q ? "attn.q_norm" : "attn.k_norm") : (is_q ? "attn.q" : "attn.k");
+    v.t = rope(here(src).view({t, H, Dh}).transpose(0, 1));  // [H, T, Dh]
+  } else if (site == "attn.k_cache") {
+    // The cache holds the keys attention reads: after RoPE (and, with
+    // qk-norm-after-rope, after the norm that follows it).
+    torch::Tensor fresh = qk_late ? here("attn.k_norm").view({t, Hkv, Dh}).transpose(0, 1)
+                                  : here("attn.k_rope");  // [Hkv, T, Dh]
+    v.t = cache("attn.k_cache", fresh);                   // [Hkv, S, Dh]
+  } else if (site == "attn.v_cache") {
+    v.t = cache("attn.v_cache", here("attn.v").view({t, Hkv, Dh}).transpose(0, 1));  // [Hkv, S, Dh]
+  } else if (site == "attn.k_rep") {  // eager_attention_forward: repeat_kv
+    v.t = repeat(here("attn.k_cache"));  // [Hq, S, Dh]
+  } else if (site == "attn.v_rep") {
+    v.t = repeat(here("attn.v_cache"));  // [Hq, S, Dh]
+  } else if (site == "attn.scores") {  // q @ k^T * scaling (self.head_dim**-0.5)
+    torch::Tensor q = qk_late ? here("attn.q_norm").view({t, Hq, Dh}).transpose(0, 1)
+                              : here("attn.q_rope");  // [Hq, T, Dh]
+    const double scaling = f.softmax_scale_dh ? 1.0 / double(Dh) : std::pow(double(Dh), -0.5);
+    v.t = ops::attn_scores(q, here("attn.k_rep"), scaling);  // [Hq, T, S]
+  } else if (site == "attn.probs") {  // softmax(scores + mask) in float32
+    v.t = ops::attn_probs(here("attn.scores"), additive_mask(s));  // [Hq, T, S]
+  } else if (site == "attn.ctx") {  // probs @ v, heads merged
+    v.t = ops::attn_ctx(here("attn.probs"), here("attn.v_rep"));  // [T, Hq*Dh]
+  } else if (site == "attn.out") {  // o_proj
+    return project("attn.ctx", L.o, cfg_.o_bias ? L.o_bias : torch::Tensor());  // [T, D]
+  } else if (site == "attn_residual") {  // residual + hidden_states
+    v.t = layer_input() + here("attn.out");  // [T, D]
+  } else if (site == "mlp_norm") {  // post_attention_layernorm
+    v.t = ops::rms_norm(here("attn_residual"), L.post_attn_norm, eps);  // [T, D]
+  } else if (site == "mlp.gate") {  // LlamaMLP.gate_proj
+    return project("mlp_norm", L.gate, {});  // [T, F]
+  } else if (site == "mlp.up") {  // up_proj
+    return project("mlp_norm", L.up, {});  // [T, F]
+  } else if (site == "mlp.act") {  // act_fn(gate) * up
+    torch::Tensor g = here("mlp.gate"), u = here("mlp.up");
+    v.t = f.gate_up_swap ? ops::swiglu(u, g) : ops::swiglu(g, u);  // [T, F]
+  } else if (site == "mlp.down") {  // down_proj
+    return project("mlp.act", L.down, {});  // [T, D]
+  } else if (site == "out") {  // residual + hidden_states
+    v.t = here("attn_residual") + here("mlp.down");  // [T, D]
+  }
+  return v;
+}
+
+}  // namespace llmdiff::ref
