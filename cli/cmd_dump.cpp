@@ -33,7 +33,9 @@ int run_dump(const DumpOptions& o) {
   if (o.out.empty()) throw UsageError("--out is required");
   Model model = Model::load(o.model);
   Scenario sc = o.scenario.scenario();
-  auto engine = make_engine(o.engine, model, o.engine_opts);
+  EngineOptions eo = o.engine_opts;
+  eo.release_weights = true;  // the impl holds about one layer of the checkpoint resident, not all of it
+  auto engine = make_engine(o.engine, model, eo);
   DumpWriter writer(o.out);
   if (!o.sites.empty()) writer.set_filter(split_list(o.sites));
   writer.mutable_manifest() = make_manifest(*engine, model, o.model, sc);

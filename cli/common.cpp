@@ -1,5 +1,7 @@
 #include "cli/common.h"
 
+#include <fstream>
+
 #include <sys/resource.h>
 
 #include <chrono>
@@ -62,6 +64,7 @@ std::unique_ptr<Engine> make_engine(const std::string& which, const Model& model
     impl::ImplOptions o;
     o.threads = opt.threads;
     o.max_seq = opt.max_seq;
+    o.release_weights = opt.release_weights;
     for (const auto& b : opt.inject) o.bugs.push_back(zoo::parse_bug(b));
     return impl::make_impl_engine(model, o);
   }
@@ -109,12 +112,29 @@ double now_seconds() {
 
 PhaseLog::PhaseLog(bool enabled) : enabled_(enabled), start_(now_seconds()) {}
 
+namespace {
+
+// RssAnon and RssFile of /proc/self/status in bytes (-1 when absent).
+std::pair<double, double> resident_now() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  double anon = -1, file = -1;
+  while (std::getline(in, line)) {
+    if (line.rfind("RssAnon:", 0) == 0) anon = std::stod(line.substr(8)) * 1024.0;
+    if (line.rfind("RssFile:", 0) == 0) file = std::stod(line.substr(8)) * 1024.0;
+  }
+  return {anon, file};
+}
+
+}  // namespace
+
 void PhaseLog::operator()(const std::string& what) const {
   if (!enabled_) return;
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
-  std::fprintf(stderr, "[%7.1f s, peak %5.1f GB] %s\n", now_seconds() - start_, double(ru.ru_maxrss) * 1024.0 / 1e9,
-               what.c_str());
+  const auto [anon, file] = resident_now();
+  std::fprintf(stderr, "[%7.1f s, peak %5.1f GB, now %5.1f GB anonymous + %5.1f GB mapped files] %s\n",
+               now_seconds() - start_, double(ru.ru_maxrss) * 1024.0 / 1e9, anon / 1e9, file / 1e9, what.c_str());
   std::fflush(stderr);
 }
 

@@ -23,6 +23,7 @@ struct EngineOptions {
   int threads = 0;                   // 0: all cores
   int64_t max_seq = 0;               // impl KV capacity; 0: max_position_embeddings
   std::vector<std::string> inject;   // impl bug zoo
+  bool release_weights = false;      // impl: ImplOptions::release_weights
 };
 
 // "ref" or "impl"; throws UsageError otherwise (or for bugs given to the ref).

@@ -1,5 +1,6 @@
 #include "cli/oracle.h"
 
+#include <malloc.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -84,6 +85,7 @@ RefRunner::~RefRunner() = default;
 std::unique_ptr<MemoryDump> RefRunner::run(const Scenario& sc, ComputeDType dtype,
                                            const std::vector<std::string>& wanted) const {
   auto dump = std::make_unique<SelectiveDump>(std::string("ref ") + compute_dtype_name(dtype), wanted);
+  dump->spill();  // a whole run's activations: in the page cache, not in the process
   Manifest& m = dump->mutable_manifest();
   m.producer = ref::producer(dtype);
   m.model = dir_name(dir_);
@@ -108,7 +110,7 @@ std::unique_ptr<MemoryDump> RefRunner::run(const Scenario& sc, ComputeDType dtyp
   // the candidate's dtype each call has its own, as HF runs them (the same
   // numbers as the engine, bit for bit).
   ref::check_model(model_.config, *model_.weights);
-  ref::LayerByLayerWeights w(*model_.weights, ops::torch_dtype(dtype));
+  ref::LayerByLayerWeights w(*model_.weights, ops::torch_dtype(dtype), /*slots=*/1);
   ref::GraphOptions go;
   go.batch_steps = dtype == ComputeDType::Float64;
   ref::Graph graph(model_.config, w, go);
@@ -198,6 +200,7 @@ std::unique_ptr<MemoryDump> ImplHypothesisRunner::run(const compare::Hypothesis&
                                                       const std::vector<std::string>& wanted) const {
   impl::ImplOptions o;
   o.threads = threads_;
+  o.release_weights = true;  // about one layer of the checkpoint resident, not all of it
   if (!h.bug.empty()) {
     zoo::BugSpec spec = zoo::parse_bug(h.bug);
     spec.value = h.value;
@@ -209,6 +212,7 @@ std::unique_ptr<MemoryDump> ImplHypothesisRunner::run(const compare::Hypothesis&
   o.max_seq = std::max<int64_t>(total + sc.decode, model_.config.max_position_embeddings);
   auto engine = impl::make_impl_engine(model_, o);
   auto dump = std::make_unique<SelectiveDump>(h.bug.empty() ? "impl" : "impl with " + h.str(), wanted, true);
+  dump->spill();  // the clean run and full replays hold every name of the candidate
   try {
     run_scenario(*engine, sc, *dump);
   } catch (const AllRecorded&) {
@@ -255,13 +259,14 @@ RefLocalOracle::~RefLocalOracle() = default;
 std::unique_ptr<compare::Recomputed> RefLocalOracle::recompute(const TensorSource& dump, ComputeDType dtype,
                                                                const compare::Hypothesis* h) const {
   auto out = std::make_unique<compare::Recomputed>();
+  out->values.spill();
   ModelConfig cfg = model_.config;
   ref::GraphOptions go;
   go.inputs = ref::Inputs::Dump;
   go.batch_steps = true;
   if (h) go.faults = variant_of(*h, cfg);
   ref::use_threads(threads_, dtype);
-  ref::LayerByLayerWeights w(*model_.weights, ops::torch_dtype(dtype));
+  ref::LayerByLayerWeights w(*model_.weights, ops::torch_dtype(dtype), /*slots=*/1);
   ref::Graph graph(cfg, w, go, &dump);
   try {
     graph.run(dump.names(), out->values, &out->source);
@@ -303,7 +308,10 @@ std::unique_ptr<MemoryDump> run_impl_candidate(const ModelOracles& m, const Scen
   std::string label = "impl";
   for (size_t k = 0; k < eo.inject.size(); ++k) label += (k == 0 ? " --inject " : ",") + eo.inject[k];
   auto cand = std::make_unique<MemoryDump>(label);
-  auto engine = make_engine("impl", m.model, eo);
+  cand->spill();
+  EngineOptions o = eo;
+  o.release_weights = true;
+  auto engine = make_engine("impl", m.model, o);
   cand->mutable_manifest() = make_manifest(*engine, m.model, m.dir, sc);
   cand->set_filter(record);
   run_scenario(*engine, sc, *cand);
@@ -334,7 +342,13 @@ void add_bisect_cli_options(CLI::App& sub, BisectCliOptions& o) {
 
 compare::BisectOptions bisect_options(const BisectCliOptions& o, const PhaseLog* log) {
   compare::BisectOptions b;
-  if (log && log->enabled()) b.progress = [log](const std::string& what) { (*log)(what); };
+  // Between phases, the heap's free memory goes back to the system: each
+  // phase frees a model's worth of activations in pieces under the mmap
+  // threshold (cli/main.cpp), which glibc would otherwise keep.
+  b.progress = [log](const std::string& what) {
+    malloc_trim(0);
+    if (log && log->enabled()) (*log)(what);
+  };
   b.compare.rtol = o.rtol;
   b.compare.atol = o.atol;
   for (const auto& t : o.tol) b.compare.overrides.push_back(compare::parse_tolerance_override(t));

@@ -1,6 +1,12 @@
 #include "dumps/dump.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <set>
 
 #include "dumps/errors.h"
@@ -107,6 +113,9 @@ TensorData DumpFile::get(const std::string& name) const {
   t.is_int = !dtype_is_float(info.dtype);
   if (t.is_int) t.i = file_.to_i64(info);
   else t.f = file_.to_f32(info);
+  // Read once into the copy: the mapped pages need not stay resident (a dump
+  // of a large model is read tensor by tensor, more than once).
+  release_pages(file_.data(info), size_t(info.end - info.begin));
   return t;
 }
 
@@ -143,11 +152,68 @@ MemoryDump::MemoryDump(std::string label) : label_(std::move(label)) {}
 
 bool MemoryDump::wants(const std::string& name) const { return globs_.empty() || any_glob_match(globs_, name); }
 
+// An unnamed temporary file (unlinked at once: nothing is left behind, even
+// on a crash) that tensors are appended to and read back from.
+struct MemoryDump::SpillFile {
+  int fd = -1;
+  uint64_t end = 0;
+  std::string where;
+  explicit SpillFile(const std::string& dir) {
+    std::string d = dir;
+    if (d.empty()) {
+      const char* env = std::getenv("TMPDIR");
+      d = env && *env ? env : "/tmp";
+    }
+    std::string templ = d + "/llmdiff-spill-XXXXXX";
+    std::vector<char> buf(templ.begin(), templ.end());
+    buf.push_back('\0');
+    fd = ::mkstemp(buf.data());
+    if (fd < 0) throw IoError(d, std::string("cannot create a temporary file: ") + std::strerror(errno));
+    ::unlink(buf.data());
+    where = buf.data();
+  }
+  ~SpillFile() {
+    if (fd >= 0) ::close(fd);
+  }
+  uint64_t append(const void* data, size_t bytes) {
+    const uint64_t at = end;
+    const char* p = static_cast<const char*>(data);
+    size_t done = 0;
+    while (done < bytes) {
+      const ssize_t n = ::pwrite(fd, p + done, bytes - done, off_t(at + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) throw IoError(where, std::string("cannot write a spilled tensor: ") + std::strerror(errno));
+      done += size_t(n);
+    }
+    end += bytes;
+    return at;
+  }
+  void read(uint64_t at, void* data, size_t bytes) const {
+    char* p = static_cast<char*>(data);
+    size_t done = 0;
+    while (done < bytes) {
+      const ssize_t n = ::pread(fd, p + done, bytes - done, off_t(at + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) throw IoError(where, std::string("cannot read a spilled tensor back: ") + std::strerror(errno));
+      done += size_t(n);
+    }
+  }
+};
+
+void MemoryDump::spill(const std::string& dir) {
+  if (!spill_) spill_ = std::make_shared<SpillFile>(dir);
+}
+
 void MemoryDump::on_f32(const std::string& name, const Shape& shape, const float* data) {
   TensorData t;
   t.name = name;
   t.shape = shape;
   t.stored = DType::F32;
+  if (spill_) {
+    spilled_[name] = spill_->append(data, size_t(numel(shape)) * sizeof(float));
+    tensors_[name] = std::move(t);
+    return;
+  }
   t.f.assign(data, data + numel(shape));
   put(std::move(t));
 }
@@ -158,6 +224,11 @@ void MemoryDump::on_i64(const std::string& name, const Shape& shape, const int64
   t.shape = shape;
   t.is_int = true;
   t.stored = DType::I64;
+  if (spill_) {
+    spilled_[name] = spill_->append(data, size_t(numel(shape)) * sizeof(int64_t));
+    tensors_[name] = std::move(t);
+    return;
+  }
   t.i.assign(data, data + numel(shape));
   put(std::move(t));
 }
@@ -173,34 +244,50 @@ std::vector<std::string> MemoryDump::names() const {
 bool MemoryDump::has(const std::string& name) const { return tensors_.count(name) != 0; }
 
 Shape MemoryDump::shape(const std::string& name) const {
-  const TensorData* t = find(name);
-  if (!t) throw MissingTensorError(label_, name);
-  return t->shape;
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) throw MissingTensorError(label_, name);
+  return it->second.shape;
 }
 
 TensorData MemoryDump::get(const std::string& name) const {
-  const TensorData* t = find(name);
-  if (!t) throw MissingTensorError(label_, name);
-  return *t;
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) throw MissingTensorError(label_, name);
+  TensorData t = it->second;
+  auto sp = spilled_.find(name);
+  if (sp != spilled_.end()) {
+    if (t.is_int) {
+      t.i.resize(size_t(t.numel()));
+      spill_->read(sp->second, t.i.data(), t.i.size() * sizeof(int64_t));
+    } else {
+      t.f.resize(size_t(t.numel()));
+      spill_->read(sp->second, t.f.data(), t.f.size() * sizeof(float));
+    }
+  }
+  return t;
 }
 
 const TensorData* MemoryDump::find(const std::string& name) const {
+  if (spilled_.count(name)) return nullptr;
   auto it = tensors_.find(name);
   return it == tensors_.end() ? nullptr : &it->second;
 }
 
 void MemoryDump::put(TensorData t) {
   std::string name = t.name;
+  spilled_.erase(name);
   tensors_[name] = std::move(t);
 }
 
-void MemoryDump::erase(const std::string& name) { tensors_.erase(name); }
+void MemoryDump::erase(const std::string& name) {
+  spilled_.erase(name);
+  tensors_.erase(name);
+}
 
 void MemoryDump::save(const std::string& path) const {
   SafetensorsWriter w(path);
   for (const auto& [k, v] : manifest_.to_map()) w.set_metadata(k, v);
   for (const auto& name : names()) {
-    const TensorData& t = tensors_.at(name);
+    const TensorData t = get(name);
     if (t.is_int) w.add_i64(name, t.shape, t.i.data());
     else w.add_f32(name, t.shape, t.f.data());
   }

@@ -103,12 +103,22 @@ class MemoryDump : public Observer, public TensorSource {
   void erase(const std::string& name);
   // Writes every tensor (canonical order) with the manifest to `path`, atomically.
   void save(const std::string& path) const;
+  // Tensors recorded from now on go to an unnamed temporary file in `dir`
+  // (empty: $TMPDIR, else /tmp) instead of memory: a whole model's
+  // activations then sit in the page cache, not in the process. get() reads
+  // them back; find() sees only tensors held in memory. Throws IoError when
+  // no temporary file can be made.
+  void spill(const std::string& dir = "");
+  bool spilling() const { return spill_ != nullptr; }
 
  private:
+  struct SpillFile;
   std::string label_;
   Manifest manifest_;
   std::vector<std::string> globs_;
-  std::map<std::string, TensorData> tensors_;
+  std::map<std::string, TensorData> tensors_;  // spilled ones hold no values
+  std::map<std::string, uint64_t> spilled_;    // name -> byte offset in the spill file
+  std::shared_ptr<SpillFile> spill_;
 };
 
 // Streams each recorded tensor to disk as it arrives (floats as F32, ints as

@@ -17,6 +17,14 @@
 
 namespace llmdiff {
 
+void release_pages(const void* data, size_t bytes) {
+  if (!data || bytes == 0) return;
+  static const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data) & ~(page - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes + page - 1) & ~(page - 1);
+  ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);  // advice: failure is harmless
+}
+
 using ojson = nlohmann::ordered_json;
 
 std::string shape_str(const Shape& s) {

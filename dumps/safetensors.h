@@ -28,6 +28,13 @@ struct TensorInfo {
 };
 
 // A read-only memory map of a whole file.
+// Hands the pages of [data, data + bytes) of a read-only mapping back to the
+// kernel (madvise MADV_DONTNEED, widened to whole pages): the process's
+// resident memory drops, and a later read faults them in again from the page
+// cache or the file. For large inputs read once (weights converted a layer at
+// a time, dumps compared tensor by tensor).
+void release_pages(const void* data, size_t bytes);
+
 class MappedFile {
  public:
   explicit MappedFile(const std::string& path);

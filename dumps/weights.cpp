@@ -146,4 +146,22 @@ Model Model::load(const std::string& dir) {
   return m;
 }
 
+void ModelWeights::release_layer(int layer) const {
+  if (layer < 0 || size_t(layer) >= layers.size()) return;
+  const LayerWeights& L = layers[size_t(layer)];
+  for (const WeightView* v : {&L.input_norm, &L.post_attn_norm, &L.q, &L.k, &L.v, &L.o, &L.q_bias, &L.k_bias, &L.v_bias,
+                              &L.o_bias, &L.q_norm, &L.k_norm, &L.gate, &L.up, &L.down})
+    if (*v) release_pages(v->data, v->bytes());
+}
+
+void ModelWeights::release_head() const {
+  for (const WeightView* v : {&embed, &lm_head, &final_norm})
+    if (*v) release_pages(v->data, v->bytes());
+}
+
+void ModelWeights::release_all() const {
+  for (size_t l = 0; l < layers.size(); ++l) release_layer(int(l));
+  release_head();
+}
+
 }  // namespace llmdiff

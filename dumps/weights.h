@@ -20,6 +20,7 @@ struct WeightView {
   const void* data = nullptr;
   explicit operator bool() const { return data != nullptr; }
   int64_t numel() const { return llmdiff::numel(shape); }
+  size_t bytes() const { return size_t(numel()) * dtype_size(dtype); }
 };
 
 struct LayerWeights {
@@ -48,6 +49,14 @@ class ModelWeights {
   size_t total_bytes() const;       // bytes of distinct weights
   // Any tensor by HF name (nullptr view if absent).
   WeightView find(const std::string& hf_name) const;
+  // Hands the mapped pages of a layer's weights, of the embedding and
+  // lm_head, or of every weight back to the kernel (release_pages): a pass
+  // that goes layer by layer then holds about one layer of the checkpoint in
+  // memory, not all of it. Views stay valid; reading them again faults the
+  // pages back in.
+  void release_layer(int layer) const;
+  void release_head() const;
+  void release_all() const;
   // The checkpoint's safetensors files (one, or the shards of the index).
   const std::vector<std::unique_ptr<SafetensorsFile>>& files() const { return files_; }
 

@@ -15,6 +15,11 @@ struct ImplOptions {
   int threads = 0;            // 0: all cores
   int64_t max_seq = 0;        // KV capacity; 0: config.max_position_embeddings
   std::vector<zoo::BugSpec> bugs;  // the bug zoo; empty = correct model
+  // Hand each layer's mapped weight pages back to the kernel once the layer
+  // is done (ModelWeights::release_layer): resident memory stays at about
+  // one layer of the checkpoint instead of all of it, for a few page faults
+  // per call (the pages come back from the page cache).
+  bool release_weights = false;
 };
 
 // Throws UsageError when a bug cannot apply to the model.

@@ -94,7 +94,7 @@ std::vector<float> repeat_kv(const std::vector<float>& c, int64_t S, int64_t Hq,
 class ImplEngine final : public Engine {
  public:
   ImplEngine(const Model& model, const ImplOptions& opt)
-      : cfg_(model.config), weights_(model.weights), bugs_(opt.bugs), pool_(opt.threads) {
+      : cfg_(model.config), weights_(model.weights), bugs_(opt.bugs), release_(opt.release_weights), pool_(opt.threads) {
     if (!weights_) throw UsageError("impl: model '" + model.config.source + "' has no weights loaded");
     zoo::check_bugs(bugs_, cfg_);
     faults_ = zoo::apply_bugs(bugs_, cfg_);
@@ -128,6 +128,7 @@ class ImplEngine final : public Engine {
   std::shared_ptr<ModelWeights> weights_;
   std::vector<zoo::BugSpec> bugs_;
   zoo::Faults faults_;
+  bool release_ = false;
   int64_t capacity_ = 0;     // KV cache capacity in tokens
   std::vector<int> kv_head_; // [Hq]: kv head each query head reads
   ThreadPool pool_;
@@ -277,6 +278,7 @@ std::vector<float> ImplEngine::forward(const std::vector<int64_t>& tokens, int s
     site.f32(l, "mlp.down", {T, D}, proj.data());
     add(x.data(), proj.data(), T * D, x.data());  // [T, D]
     site.f32(l, "out", {T, D}, x.data());
+    if (release_) w.release_layer(l);
   }
 
   rms_norm(pool_, x.data(), T, D, wmat(w.final_norm), eps, xn.data());  // [T, D]
@@ -297,6 +299,7 @@ std::vector<float> ImplEngine::forward(const std::vector<int64_t>& tokens, int s
     site.f32("logits", {T, V}, logits.data());
   }
   site.f32("next_logits", {V}, next.data());
+  if (release_) w.release_head();
 
   cached_ = S;
   return next;

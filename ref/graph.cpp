@@ -376,10 +376,11 @@ bool Graph::greedy_step(int s) const {
 // computed for every step at once (rows stacked: one matrix product instead
 // of one per decode step, each of which would stream the whole weight); the
 // other steps' results go to the memo, and a step whose input cannot be had
-// is left to be computed alone. `name_at(t, site)` names a site at step t.
-template <class NameAt>
+// is left to be computed alone. `name_at(t, site)` names a site at step t;
+// `project(x)` is the op.
+template <class NameAt, class Project>
 Graph::Value Graph::batched_linear(int s, NameAt name_at, const std::string& in, const std::string& out,
-                                   const torch::Tensor& W, const torch::Tensor& b) {
+                                   Project project) {
   std::vector<int> steps;
   std::vector<Value> values;
   std::vector<torch::Tensor> xs;
@@ -402,7 +403,7 @@ Graph::Value Graph::batched_linear(int s, NameAt name_at, const std::string& in,
     values.push_back(std::move(v));
     xs.push_back(x);
   }
-  torch::Tensor y = ops::linear(xs.size() == 1 ? xs[0] : torch::cat(xs, 0), W, b);  // [sum T, out]
+  torch::Tensor y = project(xs.size() == 1 ? xs[0] : torch::cat(xs, 0));  // [sum T, out]
   Value mine;
   int64_t row = 0;
   for (size_t k = 0; k < steps.size(); ++k) {
@@ -460,15 +461,16 @@ Graph::Value Graph::compute_uncached(const CanonName& c) {
     } else if (site == "mask") {
       v.t = ops::mask_allowed(additive_mask(s));  // [T, S]
     } else if (site == "embed") {
-      v.t = ops::embed(w_.embed, step_in(s, "tokens"));  // [T, D]
+      v.t = w_.embed_rows(step_in(s, "tokens"));  // [T, D]
     } else if (site == "final_norm") {
       torch::Tensor h = input(layer_name(s, int(cfg_.num_hidden_layers) - 1, "out"), v);  // [T, D]
       v.t = ops::rms_norm(h, w_.final_norm, eps);                                         // [T, D]
     } else if (site == "last_hidden") {
       v.t = step_in(s, "final_norm")[f.last_token_first ? 0 : t - 1];  // [D]
     } else if (site == "logits") {
+      auto head = [&](const torch::Tensor& x) { return w_.head(x, f.lm_head_embed); };
       return batched_linear(s, [](int k, const std::string& x) { return step_name(k, x); }, "final_norm", "logits",
-                            f.lm_head_embed ? w_.embed : w_.lm_head, {});  // [T, V]
+                            head);  // [T, V]
     } else if (site == "next_logits") {
       v.t = step_in(s, "logits")[f.last_token_first ? 0 : t - 1];  // [V]
     }
@@ -483,7 +485,7 @@ Graph::Value Graph::compute_uncached(const CanonName& c) {
   auto here = [&](const std::string& x) { return input(layer_name(s, l, x), v); };
   auto at_layer = [l](int k, const std::string& x) { return layer_name(k, l, x); };
   auto project = [&](const std::string& in, const torch::Tensor& W, const torch::Tensor& b) {
-    return batched_linear(s, at_layer, in, site, W, b);
+    return batched_linear(s, at_layer, in, site, [&](const torch::Tensor& x) { return ops::linear(x, W, b); });
   };
   auto layer_input = [&]() {
     return l == 0 ? input(step_name(s, "embed"), v) : input(layer_name(s, l - 1, "out"), v);  // [T, D]

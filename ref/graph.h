@@ -134,9 +134,8 @@ class Graph {
   std::pair<torch::Tensor, torch::Tensor> rope_table(int s);
   torch::Tensor additive_mask(int s) const;
   bool greedy_step(int s) const;
-  template <class NameAt>
-  Value batched_linear(int s, NameAt name_at, const std::string& in, const std::string& out, const torch::Tensor& W,
-                       const torch::Tensor& b);
+  template <class NameAt, class Project>
+  Value batched_linear(int s, NameAt name_at, const std::string& in, const std::string& out, Project project);
 
   ModelConfig cfg_;
   LayerByLayerWeights& w_;

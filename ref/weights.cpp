@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "dumps/errors.h"
+#include "ref/ops.h"
 
 namespace llmdiff::ref {
 
@@ -66,14 +67,58 @@ void refill(torch::Tensor& dst, const WeightView& src, torch::ScalarType st) {
   for (auto& f : parts) f.get();
 }
 
+void release(const WeightView& v) {
+  if (v) release_pages(v.data, v.bytes());
+}
+
+torch::Tensor stored_tensor(const WeightView& v) {
+  return torch::from_blob(const_cast<void*>(v.data), v.shape, torch::TensorOptions().dtype(stored_dtype(v)));
+}
+
 }  // namespace
 
-LayerByLayerWeights::LayerByLayerWeights(const ModelWeights& w, torch::ScalarType st, int slots)
-    : w_(w), st_(st), slots_(size_t(std::max(1, slots))) {
+LayerByLayerWeights::LayerByLayerWeights(const ModelWeights& w, torch::ScalarType st, int slots, int64_t whole_limit)
+    : w_(w), st_(st), whole_limit_(whole_limit), slots_(size_t(std::max(1, slots))) {
   torch::NoGradGuard no_grad;
-  embed = weight_tensor(w.embed, st);
   final_norm = weight_tensor(w.final_norm, st);
-  lm_head = (w.lm_head_tied || w.lm_head.data == w.embed.data) ? embed : weight_tensor(w.lm_head, st);
+}
+
+torch::Tensor LayerByLayerWeights::whole(const WeightView& v, torch::Tensor& cache) {
+  if (cache.defined()) return cache;
+  if (stored_dtype(v) == st_) return cache = stored_tensor(v);  // in place
+  if (v.numel() * int64_t(c10::elementSize(st_)) > whole_limit_) return {};
+  cache = weight_tensor(v, st_);
+  release(v);
+  return cache;
+}
+
+torch::Tensor LayerByLayerWeights::embed_rows(const torch::Tensor& ids) {
+  torch::NoGradGuard no_grad;
+  if (stored_dtype(w_.embed) == st_) return at::embedding(stored_tensor(w_.embed), ids);  // [T, D], in place
+  // Conversion is elementwise: converting the rows looked up is converting
+  // the table and looking them up.
+  return at::embedding(stored_tensor(w_.embed), ids).to(st_);  // [T, D]
+}
+
+torch::Tensor LayerByLayerWeights::head(const torch::Tensor& x, bool embed_matrix) {
+  torch::NoGradGuard no_grad;
+  const bool tied = w_.lm_head_tied || w_.lm_head.data == w_.embed.data;
+  const WeightView& v = embed_matrix || tied ? w_.embed : w_.lm_head;
+  torch::Tensor W = whole(v, embed_matrix || tied ? embed_whole_ : head_whole_);
+  if (W.defined()) return ops::linear(x, W, {});  // [T, V]
+  // A block of vocabulary rows at a time: each output column is the same dot
+  // product over D as in one product.
+  const int64_t V = v.shape[0], D = v.shape[1];
+  const int64_t block = std::max<int64_t>(1, whole_limit_ / (D * int64_t(c10::elementSize(st_))));
+  torch::Tensor stored = stored_tensor(v);
+  std::vector<torch::Tensor> parts;
+  for (int64_t r = 0; r < V; r += block) {
+    const int64_t n = std::min(block, V - r);
+    parts.push_back(ops::linear(x, stored.narrow(0, r, n).to(st_), {}));  // [T, n]
+    const size_t row_bytes = size_t(D) * dtype_size(v.dtype);
+    release_pages(static_cast<const uint8_t*>(v.data) + size_t(r) * row_bytes, size_t(n) * row_bytes);
+  }
+  return torch::cat(parts, -1);  // [T, V]
 }
 
 LayerTensors LayerByLayerWeights::layer(int l) {
@@ -88,6 +133,8 @@ LayerTensors LayerByLayerWeights::layer(int l) {
     slot = &slots_[0];
     for (Slot& s : slots_)
       if (s.used < slot->used) slot = &s;
+    // A layer used in place from the mmap leaves its pages with its slot.
+    if (slot->layer >= 0 && slot->in_place) w_.release_layer(slot->layer);
     torch::NoGradGuard no_grad;
     const LayerWeights& lw = w_.layers[size_t(l)];
     LayerTensors& L = slot->w;
@@ -107,6 +154,8 @@ LayerTensors LayerByLayerWeights::layer(int l) {
     refill(L.up, lw.up, st_);
     refill(L.down, lw.down, st_);
     slot->layer = l;
+    slot->in_place = stored_dtype(lw.q) == st_;
+    if (!slot->in_place) w_.release_layer(l);  // converted: the stored bytes are not needed any more
     ++conversions_;
   }
   slot->used = clock_;

@@ -33,25 +33,45 @@ struct LayerTensors {
 // 1B model is 8.8 GB in float64; two of its layers, 0.8 GB. A slot's buffers are
 // overwritten in place only when nobody else holds them (a Layer returned by
 // layer() keeps its tensors alive and intact).
+//
+// Memory stays bounded by what a pass needs, not by the checkpoint: the
+// mmapped pages of a layer are handed back to the kernel once the layer is
+// converted (or, used in place, once its slot takes another layer); the
+// embedding is read row by row (only the tokens' rows are converted); an
+// lm_head whose converted copy would pass `whole_limit` bytes is converted
+// and applied a block of vocabulary rows at a time, for each call.
 class LayerByLayerWeights {
  public:
-  LayerByLayerWeights(const ModelWeights& w, torch::ScalarType st, int slots = 2);
+  LayerByLayerWeights(const ModelWeights& w, torch::ScalarType st, int slots = 2,
+                      int64_t whole_limit = int64_t(256) << 20);
   torch::ScalarType st() const { return st_; }
   size_t num_layers() const { return w_.layers.size(); }
   LayerTensors layer(int l);  // tensor handles (cheap to copy)
-  torch::Tensor embed, final_norm, lm_head;  // lm_head: embed itself when tied
   int64_t conversions() const { return conversions_; }  // layers converted so far
+  torch::Tensor final_norm;  // [D]
+
+  // nn.Embedding: rows `ids` [T] (int64) of the table -> [T, D].
+  torch::Tensor embed_rows(const torch::Tensor& ids);
+  // lm_head: x [T, D] @ W^T -> [T, V], W the lm_head (the embedding itself
+  // when tied) or, with `embed_matrix`, the embedding.
+  torch::Tensor head(const torch::Tensor& x, bool embed_matrix = false);
 
  private:
   struct Slot {
     int layer = -1;
     int64_t used = 0;
+    bool in_place = false;
     LayerTensors w;
   };
+  // The [V, D] matrix `v` as a whole tensor of st_ (in place, or converted
+  // once when at most whole_limit_ bytes); undefined: apply it by blocks.
+  torch::Tensor whole(const WeightView& v, torch::Tensor& cache);
   const ModelWeights& w_;
   torch::ScalarType st_;
+  int64_t whole_limit_;
   std::vector<Slot> slots_;
   int64_t clock_ = 0, conversions_ = 0;
+  torch::Tensor embed_whole_, head_whole_;
 };
 
 }  // namespace llmdiff::ref

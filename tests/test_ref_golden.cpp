@@ -219,8 +219,18 @@ TEST(RefLayerByLayerWeights, SameValuesAsEachWeightConvertedAloneAndSlotsReusedS
     ASSERT_GE(model.weights->layers.size(), 2u);
     ref::LayerByLayerWeights lw(*model.weights, torch::kDouble, /*slots=*/1);
     auto whole = [&](const WeightView& w) { return ref::weight_tensor(w, torch::kDouble); };
-    EXPECT_TRUE(torch::equal(lw.embed, whole(model.weights->embed)));
-    EXPECT_TRUE(torch::equal(lw.lm_head, whole(model.weights->lm_head_tied ? model.weights->embed : model.weights->lm_head)));
+    const torch::Tensor ids = torch::tensor(std::vector<int64_t>{3, 0, 7, 3}, torch::kLong);
+    const torch::Tensor embed = whole(model.weights->embed);
+    const torch::Tensor head = whole(model.weights->lm_head_tied ? model.weights->embed : model.weights->lm_head);
+    EXPECT_TRUE(torch::equal(lw.embed_rows(ids), embed.index_select(0, ids)));
+    const torch::Tensor x = torch::randn({3, embed.size(1)}, torch::kDouble);
+    EXPECT_TRUE(torch::allclose(lw.head(x), torch::matmul(x, head.t()), 1e-12, 1e-12));
+    // An lm_head over the size limit is applied a block of rows at a time: the same
+    // numbers up to the product's rounding (BLAS blocks a narrower product otherwise).
+    ref::LayerByLayerWeights blocks(*model.weights, torch::kDouble, 1, /*whole_limit=*/embed.size(1) * 8 * 5);
+    EXPECT_TRUE(torch::allclose(blocks.head(x), lw.head(x), 1e-12, 1e-12));
+    EXPECT_TRUE(torch::equal(blocks.embed_rows(ids), lw.embed_rows(ids)));
+    EXPECT_TRUE(torch::allclose(blocks.head(x, /*embed_matrix=*/true), torch::matmul(x, embed.t()), 1e-12, 1e-12));
     auto same = [&](const ref::LayerTensors& a, size_t layer) {
       const LayerWeights& b = model.weights->layers[layer];
       return torch::equal(a.q, whole(b.q)) && torch::equal(a.k, whole(b.k)) && torch::equal(a.v, whole(b.v)) &&

@@ -557,17 +557,23 @@ TEST(RefEngineWeights, UsedInPlaceWithoutACopy) {
   ref::RefOptions opt;
   opt.threads = 1;  // as HF produced the goldens
   opt.dtype = ComputeDType::Float32;
-  { auto warm = ref::make_ref_engine(model, opt); }
+  // Weights are converted as the forward calls reach them.
+  NullObserver none;
+  { ref::make_ref_engine(model, opt)->forward({1, 2}, 0, none); }
   const long before = rss_anon_kb();
   auto in_place = ref::make_ref_engine(model, opt);
+  in_place->forward({1, 2}, 0, none);
   const long in_place_kb = rss_anon_kb() - before;
   opt.dtype = ComputeDType::Float64;
   auto converted = ref::make_ref_engine(model, opt);
+  converted->forward({1, 2}, 0, none);
   const long converted_kb = rss_anon_kb() - before - in_place_kb;
   std::printf("[weights] %ld KiB of weights: +%ld KiB anonymous memory in place (float32), +%ld KiB converted (float64)\n",
               weight_kb, in_place_kb, converted_kb);
   EXPECT_LT(in_place_kb, weight_kb / 10);
-  EXPECT_GT(converted_kb, weight_kb);  // float64: twice the bytes
+  // float64: the lm_head (half the weights) converted once at twice its bytes;
+  // the embedding is read a row at a time.
+  EXPECT_GT(converted_kb, weight_kb * 9 / 10);
 }
 
 }  // namespace
