@@ -19,7 +19,7 @@
 #include "cli/bench_support.h"
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "cli/oracle.h"
+#include "cli/bisect_cli.h"
 #include "compare/compare.h"
 #include "dumps/dump.h"
 #include "dumps/engine.h"
@@ -241,7 +241,7 @@ std::string bench_e2e(const BenchCmdOptions& o, ComputeDType ref_dtype, const st
 // defaults (float64 noise floor, local errors, diagnosis), phase by phase.
 std::string bench_run_pipeline(const BenchCmdOptions& o) {
   const auto start = std::chrono::steady_clock::now();
-  ModelOracles m(o.model, o.threads);
+  bisect::ModelOracles m(o.model, o.threads);
   const Scenario sc = make_scenario(bench_prompt(m.model.config.vocab_size, o.prompt, o.seed), {}, o.e2e_decode);
   json phases = json::array();
   double last = 0;
@@ -254,11 +254,11 @@ std::string bench_run_pipeline(const BenchCmdOptions& o) {
   EngineOptions eo;
   eo.threads = o.threads;
   eo.max_seq = int64_t(o.prompt) + o.e2e_decode + 1;
-  const std::unique_ptr<MemoryDump> cand = run_impl_candidate(m, sc, eo);
+  const std::unique_ptr<MemoryDump> cand = bisect::run_impl_candidate(m, sc, eo);
   phase("candidate run (impl)");
   compare::BisectOptions bo;
   bo.progress = phase;
-  const compare::BisectResult r = bisect_impl_candidate(m, *cand, false, bo);
+  const compare::BisectResult r = bisect::bisect_impl_candidate(m, *cand, false, bo);
   json j = {{"seconds", seconds_since(start)},
             {"phases", phases},
             {"compared", r.global.tensors.size()},

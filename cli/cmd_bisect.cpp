@@ -6,7 +6,7 @@
 // and in float64; the first divergence (noise floor), the local errors
 // (teacher forcing) and a diagnosis from the bug zoo.
 #include "cli/commands.h"
-#include "cli/oracle.h"
+#include "cli/bisect_cli.h"
 #include "dumps/errors.h"
 
 namespace llmdiff::cli {
@@ -23,9 +23,9 @@ int run_bisect(const BisectCommandOptions& o) {
   if (o.candidate.empty()) throw UsageError("a candidate dump is required");
   DumpFile cand(o.candidate);
   PhaseLog log(o.bisect.verbose);
-  ModelOracles m(o.model, o.bisect.threads);
+  bisect::ModelOracles m(o.model, o.bisect.threads);
   log("model loaded");
-  compare::BisectResult r = bisect_candidate(m, cand, bisect_options(o.bisect, &log));
+  compare::BisectResult r = bisect::bisect_candidate(m, cand, bisect_options(o.bisect, &log));
   return emit_bisect(r, o.bisect);
 }
 

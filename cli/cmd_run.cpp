@@ -5,7 +5,7 @@
 // the run ends with the bisection and, on a divergence, a diagnosis.
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "cli/oracle.h"
+#include "cli/bisect_cli.h"
 #include "dumps/errors.h"
 
 namespace llmdiff::cli {
@@ -24,7 +24,7 @@ int run_run(const RunOptions& o) {
   if (o.model.empty()) throw UsageError("--model is required");
   Scenario sc = o.scenario.scenario();
   PhaseLog log(o.bisect.verbose);
-  ModelOracles m(o.model, o.bisect.threads);
+  bisect::ModelOracles m(o.model, o.bisect.threads);
   log("model loaded");
   EngineOptions eo;
   eo.threads = o.bisect.threads;
@@ -41,10 +41,10 @@ int run_run(const RunOptions& o) {
     // The forward calls themselves are always kept: the ref replays them.
     for (const char* g : {"step*.tokens", "step*.positions", "generated"}) record.push_back(g);
   }
-  std::unique_ptr<MemoryDump> cand = run_impl_candidate(m, sc, eo, record);
+  std::unique_ptr<MemoryDump> cand = bisect::run_impl_candidate(m, sc, eo, record);
   log("candidate run (impl)");
   if (!o.out.empty()) cand->save(o.out);
-  compare::BisectResult r = bisect_impl_candidate(m, *cand, !o.inject.empty(), bisect_options(o.bisect, &log));
+  compare::BisectResult r = bisect::bisect_impl_candidate(m, *cand, !o.inject.empty(), bisect_options(o.bisect, &log));
   return emit_bisect(r, o.bisect);
 }
 

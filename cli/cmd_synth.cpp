@@ -8,10 +8,12 @@
 #include <string>
 
 #include "cli/commands.h"
-#include "cli/synth.h"
+#include "synth/synth.h"
 #include "dumps/errors.h"
 
 namespace llmdiff::cli {
+
+using namespace synth;
 
 namespace {
 

@@ -49,39 +49,6 @@ std::vector<int64_t> parse_int_list(const std::string& text, const std::string& 
   return out;
 }
 
-std::unique_ptr<Engine> make_engine(const std::string& which, const Model& model, const EngineOptions& opt) {
-  if (which == "ref") {
-    if (!opt.inject.empty()) throw UsageError("--inject applies to the impl engine only (the ref is the golden model)");
-    ref::RefOptions r;
-    r.dtype = opt.dtype.empty() ? model.config.default_dtype() : parse_compute_dtype(opt.dtype);
-    r.threads = opt.threads;
-    return ref::make_ref_engine(model, r);
-  }
-  if (which == "impl") {
-    if (!opt.dtype.empty() && parse_compute_dtype(opt.dtype) != ComputeDType::Float32)
-      throw UsageError("the impl computes in float32 (weights in their stored dtype); --dtype " + opt.dtype +
-                       " applies to the ref only");
-    impl::ImplOptions o;
-    o.threads = opt.threads;
-    o.max_seq = opt.max_seq;
-    o.release_weights = opt.release_weights;
-    for (const auto& b : opt.inject) o.bugs.push_back(zoo::parse_bug(b));
-    return impl::make_impl_engine(model, o);
-  }
-  throw UsageError("unknown engine '" + which + "' (supported: ref, impl)");
-}
-
-Manifest make_manifest(const Engine& engine, const Model& model, const std::string& model_dir, const Scenario& sc) {
-  Manifest m;
-  m.producer = engine.producer();
-  m.model = dir_name(model_dir);
-  m.config = model.config.raw_json;
-  m.scenario = sc.name;
-  m.steps = int(sc.steps.size()) + sc.decode;
-  m.dtype = engine.dtype_name();
-  return m;
-}
-
 Scenario scenario_from_options(const std::string& tokens, const std::string& replay, const std::string& chunks,
                                int decode) {
   if (tokens.empty() == replay.empty()) throw UsageError("give exactly one of --tokens or --replay");
@@ -138,12 +105,6 @@ void PhaseLog::operator()(const std::string& what) const {
   std::fflush(stderr);
 }
 
-std::string dir_name(const std::string& path) {
-  std::string p = path;
-  while (p.size() > 1 && p.back() == '/') p.pop_back();
-  size_t slash = p.rfind('/');
-  return slash == std::string::npos ? p : p.substr(slash + 1);
-}
 
 void add_scenario_options(CLI::App& sub, ScenarioCliOptions& o) {
   sub.add_option("--tokens", o.tokens, "prompt token ids, comma separated");

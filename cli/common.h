@@ -9,28 +9,20 @@
 #include "dumps/config.h"
 #include "dumps/dump.h"
 #include "dumps/engine.h"
+#include "bisect/engines.h"
 #include "dumps/weights.h"
 
 namespace llmdiff::cli {
+
+using bisect::EngineOptions;
+using bisect::make_engine;
+using bisect::make_manifest;
+using bisect::dir_name;
 
 // "1,2,3" -> {1,2,3}; throws UsageError naming the option on bad input.
 std::vector<int64_t> parse_int_list(const std::string& text, const std::string& option);
 // "a,b" -> {"a","b"} (empty items dropped).
 std::vector<std::string> split_list(const std::string& text);
-
-struct EngineOptions {
-  std::string dtype;                 // ref compute dtype; empty: the checkpoint's torch_dtype
-  int threads = 0;                   // 0: all cores
-  int64_t max_seq = 0;               // impl KV capacity; 0: max_position_embeddings
-  std::vector<std::string> inject;   // impl bug zoo
-  bool release_weights = false;      // impl: ImplOptions::release_weights
-};
-
-// "ref" or "impl"; throws UsageError otherwise (or for bugs given to the ref).
-std::unique_ptr<Engine> make_engine(const std::string& which, const Model& model, const EngineOptions& opt);
-
-// The manifest of a dump produced by `engine` on `model` for `sc`.
-Manifest make_manifest(const Engine& engine, const Model& model, const std::string& model_dir, const Scenario& sc);
 
 // The scenario of --tokens/--chunks/--decode or of --replay DUMP (exactly one
 // of tokens/replay must be given).
@@ -63,7 +55,5 @@ class PhaseLog {
   double start_;
 };
 
-// Basename of a directory path ("a/b/" -> "b").
-std::string dir_name(const std::string& path);
 
 }  // namespace llmdiff::cli

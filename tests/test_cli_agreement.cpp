@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include "cli/common.h"
-#include "cli/synth.h"
+#include "synth/synth.h"
 #include "dumps/dump.h"
 #include "dumps/engine.h"
 #include "tests/support.h"
@@ -59,12 +59,12 @@ void expect_every_tensor_agrees(const Runs& r, const std::string& what) {
 }  // namespace
 
 TEST(EngineAgreement, RefAndImplAgreeOnASynthesisedBf16Llama) {
-  cli::SynthOptions so;
-  so.config_json = cli::synth_preset_config("tiny-llama");
+  synth::SynthOptions so;
+  so.config_json = synth::synth_preset_config("tiny-llama");
   so.dtype = DType::BF16;
   so.seed = 7;
   const std::string dir = temp_path("agreement-tiny-llama");
-  cli::write_synth_checkpoint(dir, so);
+  synth::write_synth_checkpoint(dir, so);
   const Model model = Model::load(dir);
   ASSERT_EQ(model.config.hidden_size, 512);
   ASSERT_EQ(model.config.num_hidden_layers, 4);

@@ -16,8 +16,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/common.h"
-#include "cli/oracle.h"
-#include "cli/synth.h"
+#include "bisect/pipeline.h"
+#include "synth/synth.h"
 #include "compare/bisect_report.h"
 #include "dumps/config.h"
 #include "dumps/errors.h"
@@ -35,10 +35,10 @@ using compare::BisectResult;
 namespace {
 
 // One ModelOracles per golden model for the whole test binary.
-const cli::ModelOracles& oracles(const std::string& model) {
-  static std::map<std::string, std::unique_ptr<cli::ModelOracles>> cache;
+const bisect::ModelOracles& oracles(const std::string& model) {
+  static std::map<std::string, std::unique_ptr<bisect::ModelOracles>> cache;
   auto& m = cache[model];
-  if (!m) m = std::make_unique<cli::ModelOracles>(golden_model(model), 1);
+  if (!m) m = std::make_unique<bisect::ModelOracles>(golden_model(model), 1);
   return *m;
 }
 
@@ -47,7 +47,7 @@ Scenario golden_scenario(const std::string& model, const std::string& scenario =
 }
 
 // The impl (with the given zoo bugs) over `sc`, every site recorded.
-std::unique_ptr<MemoryDump> impl_candidate(const cli::ModelOracles& m, const Scenario& sc,
+std::unique_ptr<MemoryDump> impl_candidate(const bisect::ModelOracles& m, const Scenario& sc,
                                            const std::vector<std::string>& inject) {
   cli::EngineOptions eo;
   eo.threads = 1;
@@ -123,7 +123,7 @@ std::vector<ZooCase> zoo_cases() {
 
 class BisectZoo : public ::testing::TestWithParam<ZooCase> {};
 
-void check_diagnosis(const BisectResult& r, const cli::ModelOracles& m, const std::string& bug,
+void check_diagnosis(const BisectResult& r, const bisect::ModelOracles& m, const std::string& bug,
                      const std::string& expected_first, const std::string& what) {
   SCOPED_TRACE(what + ": " + describe(r));
   EXPECT_EQ(r.exit_code(), 1);
@@ -144,12 +144,12 @@ void check_diagnosis(const BisectResult& r, const cli::ModelOracles& m, const st
 
 TEST_P(BisectZoo, LocalisesAndNamesTheBugInFullAndCutDownDumps) {
   const ZooCase& c = GetParam();
-  const cli::ModelOracles& m = oracles(c.model);
+  const bisect::ModelOracles& m = oracles(c.model);
   const Expected& want = expected_divergence().at(c.bug);
   std::unique_ptr<MemoryDump> full = impl_candidate(m, golden_scenario(c.model), {c.bug});
-  check_diagnosis(cli::bisect_candidate(m, *full, BisectOptions{}), m, c.bug, want.full, "full dump");
+  check_diagnosis(bisect::bisect_candidate(m, *full, BisectOptions{}), m, c.bug, want.full, "full dump");
   std::unique_ptr<MemoryDump> cut = cut_down(*full);
-  check_diagnosis(cli::bisect_candidate(m, *cut, BisectOptions{}), m, c.bug, want.cut, "cut-down dump");
+  check_diagnosis(bisect::bisect_candidate(m, *cut, BisectOptions{}), m, c.bug, want.cut, "cut-down dump");
 }
 
 INSTANTIATE_TEST_SUITE_P(AllGolden, BisectZoo, ::testing::ValuesIn(zoo_cases()),
@@ -167,12 +167,12 @@ class BisectClean : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(BisectClean, CleanImplDumpsPassTheNoiseFloor) {
   const std::string model = GetParam();
-  const cli::ModelOracles& m = oracles(model);
+  const bisect::ModelOracles& m = oracles(model);
   for (const std::string scenario : {"decode", "chunked", "prefill"}) {
     std::unique_ptr<MemoryDump> full = impl_candidate(m, golden_scenario(model, scenario), {});
     std::unique_ptr<MemoryDump> cut = cut_down(*full);
     for (const MemoryDump* cand : {full.get(), cut.get()}) {
-      BisectResult r = cli::bisect_candidate(m, *cand, BisectOptions{});
+      BisectResult r = bisect::bisect_candidate(m, *cand, BisectOptions{});
       SCOPED_TRACE(scenario + " " + cand->label() + ": " + describe(r));
       EXPECT_TRUE(r.ok());
       EXPECT_EQ(r.exit_code(), 0);
@@ -190,10 +190,10 @@ TEST_P(BisectClean, CleanImplDumpsPassTheNoiseFloor) {
 
 TEST_P(BisectClean, HuggingFaceGoldenDumpsPassAsExternalCandidates) {
   const std::string model = GetParam();
-  const cli::ModelOracles& m = oracles(model);
+  const bisect::ModelOracles& m = oracles(model);
   for (const std::string scenario : {"decode", "chunked", "prefill"}) {
     DumpFile golden(golden_dump(model, scenario));
-    BisectResult r = cli::bisect_candidate(m, golden, BisectOptions{});
+    BisectResult r = bisect::bisect_candidate(m, golden, BisectOptions{});
     SCOPED_TRACE(scenario + ": " + describe(r));
     EXPECT_TRUE(r.ok());
     EXPECT_EQ(r.dtype, m.model.config.default_dtype());  // bfloat16 for llama-mha-bf16: judged with m = 3
@@ -234,7 +234,7 @@ size_t expect_same_values(const TensorSource& truth, const TensorSource& want) {
 // for name, up to the float32 rounding both are stored with.
 TEST_P(BisectClean, TheFloat64TruthIsTheRefEngineInFloat64) {
   const std::string model = GetParam();
-  const cli::ModelOracles& m = oracles(model);
+  const bisect::ModelOracles& m = oracles(model);
   for (const std::string scenario : {"decode", "chunked", "prefill"}) {
     SCOPED_TRACE(model + " " + scenario);
     const Scenario sc = golden_scenario(model, scenario);
@@ -254,7 +254,7 @@ TEST_P(BisectClean, TheFloat64TruthIsTheRefEngineInFloat64) {
 // call, bit for bit (each call has its own products, as in HF).
 TEST_P(BisectClean, TheLayerMajorReplayIsTheRefEngineBitForBit) {
   const std::string model = GetParam();
-  const cli::ModelOracles& m = oracles(model);
+  const bisect::ModelOracles& m = oracles(model);
   for (const ComputeDType dtype : {ComputeDType::Float32, ComputeDType::BFloat16}) {
     for (const std::string scenario : {"decode", "chunked"}) {
       SCOPED_TRACE(model + " " + scenario + " " + compute_dtype_name(dtype));
@@ -296,16 +296,16 @@ TEST(BisectTruth, TheFloat64TruthIsTheRefEngineOnSyntheticConfigs) {
   };
   for (const Variant& v : variants) {
     SCOPED_TRACE(v.name);
-    nlohmann::json cfg = nlohmann::json::parse(cli::synth_preset_config(v.preset));
+    nlohmann::json cfg = nlohmann::json::parse(synth::synth_preset_config(v.preset));
     cfg["num_hidden_layers"] = 2;
     for (const auto& [k, val] : v.changes.items()) cfg[k] = val;
     const std::string dir = temp_path("truth-synth");
-    cli::SynthOptions so;
+    synth::SynthOptions so;
     so.config_json = cfg.dump();
     so.dtype = DType::F32;
     so.seed = 5;
-    cli::write_synth_checkpoint(dir, so);
-    cli::ModelOracles m(dir, 1);
+    synth::write_synth_checkpoint(dir, so);
+    bisect::ModelOracles m(dir, 1);
     // The forward calls: a 9-token prompt in chunks of 5 and 4, then 3 greedy steps.
     ref::RefOptions o;
     o.dtype = ComputeDType::Float64;
@@ -333,18 +333,18 @@ INSTANTIATE_TEST_SUITE_P(AllGolden, BisectClean, ::testing::ValuesIn(golden_mode
 
 TEST(BisectParameters, ThetaIsFittedFromInvFreqAndEpsSearchedInCutDownDumps) {
   {
-    const cli::ModelOracles& m = oracles("llama-gqa");
+    const bisect::ModelOracles& m = oracles("llama-gqa");
     std::unique_ptr<MemoryDump> full = impl_candidate(m, golden_scenario("llama-gqa"), {"rope-theta=12345"});
-    BisectResult r = cli::bisect_candidate(m, *full, BisectOptions{});
+    BisectResult r = bisect::bisect_candidate(m, *full, BisectOptions{});
     SCOPED_TRACE(describe(r));
     ASSERT_TRUE(r.diagnosis.bug);
     EXPECT_EQ(r.diagnosis.bug->str(), "rope-theta=12345");
     EXPECT_NE(r.diagnosis.evidence.find("rope.inv_freq fits theta = 12345"), std::string::npos);
   }
   {
-    const cli::ModelOracles& m = oracles("qwen3-qknorm");
+    const bisect::ModelOracles& m = oracles("qwen3-qknorm");
     std::unique_ptr<MemoryDump> full = impl_candidate(m, golden_scenario("qwen3-qknorm"), {"rmsnorm-eps=2.5e-5"});
-    BisectResult r = cli::bisect_candidate(m, *cut_down(*full), BisectOptions{});
+    BisectResult r = bisect::bisect_candidate(m, *cut_down(*full), BisectOptions{});
     SCOPED_TRACE(describe(r));
     ASSERT_TRUE(r.diagnosis.bug);
     EXPECT_EQ(r.diagnosis.bug->bug, "rmsnorm-eps");
@@ -372,11 +372,11 @@ void perturb(MemoryDump& d, uint64_t seed) {
 }
 
 TEST(BisectExternalNumerics, BugsAreDiagnosedInDumpsThatAreNotBitExactWithTheImpl) {
-  const cli::ModelOracles& m = oracles("qwen2-bias");
+  const bisect::ModelOracles& m = oracles("qwen2-bias");
   {
     std::unique_ptr<MemoryDump> clean = impl_candidate(m, golden_scenario("qwen2-bias"), {});
     perturb(*clean, 1);
-    BisectResult r = cli::bisect_candidate(m, *clean, BisectOptions{});
+    BisectResult r = bisect::bisect_candidate(m, *clean, BisectOptions{});
     SCOPED_TRACE(describe(r));
     EXPECT_TRUE(r.ok());
   }
@@ -385,7 +385,7 @@ TEST(BisectExternalNumerics, BugsAreDiagnosedInDumpsThatAreNotBitExactWithTheImp
     perturb(*full, 2);
     std::unique_ptr<MemoryDump> cut = cut_down(*full);
     for (const MemoryDump* cand : {full.get(), cut.get()}) {
-      BisectResult r = cli::bisect_candidate(m, *cand, BisectOptions{});
+      BisectResult r = bisect::bisect_candidate(m, *cand, BisectOptions{});
       SCOPED_TRACE(bug + " " + cand->label() + ": " + describe(r));
       const Expected& want = expected_divergence().at(bug);
       EXPECT_EQ(r.localised_at().value_or(""), cand == full.get() ? want.full : want.cut);
@@ -396,13 +396,13 @@ TEST(BisectExternalNumerics, BugsAreDiagnosedInDumpsThatAreNotBitExactWithTheImp
 }
 
 TEST(BisectUnknownBug, ACorruptionOutsideTheZooIsLocalisedButNotNamed) {
-  const cli::ModelOracles& m = oracles("qwen2-bias");
+  const bisect::ModelOracles& m = oracles("qwen2-bias");
   std::unique_ptr<MemoryDump> cand = impl_candidate(m, golden_scenario("qwen2-bias"), {});
   // One op of layer 1 off by 0.1% (and only that op: later sites untouched).
   TensorData down = cand->get("step0.layers.1.mlp.down");
   for (float& v : down.f) v *= 1.001f;
   cand->put(down);
-  BisectResult r = cli::bisect_candidate(m, *cand, BisectOptions{});
+  BisectResult r = bisect::bisect_candidate(m, *cand, BisectOptions{});
   SCOPED_TRACE(describe(r));
   EXPECT_EQ(r.exit_code(), 1);
   EXPECT_EQ(r.first_divergence().value_or(""), "step0.layers.1.mlp.down");

@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "cli/synth.h"
+#include "synth/synth.h"
 #include "dumps/dump.h"
 #include "dumps/errors.h"
 #include "dumps/weights.h"
@@ -20,6 +20,7 @@
 namespace fs = std::filesystem;
 using namespace llmdiff;
 using namespace llmdiff::cli;
+using namespace llmdiff::synth;
 using llmdiff::testing::read_text;
 
 namespace {
@@ -38,7 +39,7 @@ struct ScratchDir {
   std::string path;
 };
 
-SynthResult synth(const std::string& dir, const std::string& preset, DType dtype, uint64_t seed,
+SynthResult write_model(const std::string& dir, const std::string& preset, DType dtype, uint64_t seed,
                   uint64_t shard_size = 2000000000ULL, int threads = 0) {
   SynthOptions o;
   o.config_json = synth_preset_config(preset);
@@ -148,7 +149,7 @@ TEST(CliSynth, GeneratorIsStandardNormalAndThreadIndependent) {
 
 TEST(CliSynth, CheckpointLoadsWithTheConfigShapes) {
   const ScratchDir dir("synth_tiny_llama");
-  const SynthResult r = synth(dir, "tiny-llama", DType::BF16, 3);
+  const SynthResult r = write_model(dir, "tiny-llama", DType::BF16, 3);
   EXPECT_EQ(r.files, std::vector<std::string>{"model.safetensors"});
   EXPECT_FALSE(fs::exists(dir + "/model.safetensors.index.json"));
   const Model m = Model::load(dir);
@@ -182,9 +183,9 @@ TEST(CliSynth, CheckpointLoadsWithTheConfigShapes) {
 
 TEST(CliSynth, SameSeedSameBytesOtherSeedOtherWeights) {
   const ScratchDir a("synth_seed_a"), b("synth_seed_b"), c("synth_seed_c");
-  synth(a, "tiny-qwen3", DType::BF16, 7, 2000000000ULL, 1);
-  synth(b, "tiny-qwen3", DType::BF16, 7, 2000000000ULL, 2);
-  synth(c, "tiny-qwen3", DType::BF16, 8);
+  write_model(a, "tiny-qwen3", DType::BF16, 7, 2000000000ULL, 1);
+  write_model(b, "tiny-qwen3", DType::BF16, 7, 2000000000ULL, 2);
+  write_model(c, "tiny-qwen3", DType::BF16, 8);
   EXPECT_EQ(read_text(a + "/model.safetensors"), read_text(b + "/model.safetensors"));
   EXPECT_EQ(read_text(a + "/config.json"), read_text(b + "/config.json"));
   EXPECT_EQ(read_text(a + "/config.json"), read_text(c + "/config.json"));
@@ -199,8 +200,8 @@ TEST(CliSynth, SameSeedSameBytesOtherSeedOtherWeights) {
 
 TEST(CliSynth, ShardedCheckpointLoadsThroughTheIndex) {
   const ScratchDir one("synth_one"), many("synth_many");
-  synth(one, "tiny-qwen2", DType::F32, 5);
-  const SynthResult r = synth(many, "tiny-qwen2", DType::F32, 5, 7000000);
+  write_model(one, "tiny-qwen2", DType::F32, 5);
+  const SynthResult r = write_model(many, "tiny-qwen2", DType::F32, 5, 7000000);
   ASSERT_GT(r.files.size(), 2u);
   EXPECT_FALSE(fs::exists(many + "/model.safetensors"));
   const auto index = nlohmann::json::parse(read_text(many + "/model.safetensors.index.json"));
@@ -221,7 +222,7 @@ TEST(CliSynth, ShardedCheckpointLoadsThroughTheIndex) {
   }
 
   // Writing a single-file checkpoint over the sharded one removes the shards.
-  synth(many, "tiny-qwen2", DType::F32, 5);
+  write_model(many, "tiny-qwen2", DType::F32, 5);
   for (const auto& f : r.files) EXPECT_FALSE(fs::exists(many + "/" + f)) << f;
   EXPECT_FALSE(fs::exists(many + "/model.safetensors.index.json"));
   EXPECT_EQ(read_text(many + "/model.safetensors"), read_text(one + "/model.safetensors"));
@@ -257,7 +258,7 @@ TEST(CliSynth, LeavesARealCheckpointAloneUnlessForced) {
   const std::string golden = llmdiff::testing::golden_model("llama-gqa");
   for (const char* f : {"/config.json", "/model.safetensors"}) fs::copy_file(golden + f, dir + f);
   const std::string before = read_text(dir + "/model.safetensors");
-  EXPECT_THROW(synth(dir, "tiny-llama3", DType::F32, 1), UsageError);
+  EXPECT_THROW(write_model(dir, "tiny-llama3", DType::F32, 1), UsageError);
   EXPECT_EQ(read_text(dir + "/model.safetensors"), before);
   EXPECT_EQ(read_text(dir + "/config.json"), read_text(golden + "/config.json"));
 
@@ -268,7 +269,7 @@ TEST(CliSynth, LeavesARealCheckpointAloneUnlessForced) {
   write_synth_checkpoint(dir, o);
   EXPECT_EQ(Model::load(dir).config.hidden_size, 256);
   // A synthetic checkpoint is replaced without --force.
-  EXPECT_NO_THROW(synth(dir, "tiny-llama3", DType::BF16, 2));
+  EXPECT_NO_THROW(write_model(dir, "tiny-llama3", DType::BF16, 2));
   EXPECT_EQ(Model::load(dir).weights->storage_dtype(), DType::BF16);
 }
 
@@ -289,7 +290,7 @@ class CliSynthActivations : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(CliSynthActivations, AttentionPeakedLogitsSpread) {
   const ScratchDir dir(std::string("synth_act_") + GetParam());
-  synth(dir, GetParam(), DType::F32, 1);
+  write_model(dir, GetParam(), DType::F32, 1);
   const Model m = Model::load(dir);
   impl::ImplOptions io;
   io.max_seq = 64;

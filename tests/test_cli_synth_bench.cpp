@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/bench_support.h"
-#include "cli/synth.h"
+#include "synth/synth.h"
 #include "dumps/errors.h"
 #include "dumps/weights.h"
 #include "tests/cli_runner.h"
@@ -22,6 +22,7 @@
 
 using namespace llmdiff;
 using namespace llmdiff::cli;
+using namespace llmdiff::synth;
 
 TEST(CliSynthBench, ChildReturnsItsOutputAndItsOwnPeakRss) {
   const int64_t parent_before = proc_status_bytes("VmHWM");

@@ -1,6 +1,6 @@
 // Synthetic checkpoints: presets, the deterministic weight generator and the
 // streaming, atomic checkpoint writer.
-#include "cli/synth.h"
+#include "synth/synth.h"
 
 #include <unistd.h>
 
@@ -18,7 +18,7 @@
 
 #include "dumps/errors.h"
 
-namespace llmdiff::cli {
+namespace llmdiff::synth {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -586,4 +586,4 @@ SynthResult write_synth_checkpoint(const std::string& dir, const SynthOptions& o
   return res;
 }
 
-}  // namespace llmdiff::cli
+}  // namespace llmdiff::synth

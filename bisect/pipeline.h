@@ -1,10 +1,11 @@
-// The model-backed implementations of compare/'s bisection interfaces:
+// The bisect pipeline: the model-backed implementations of compare/'s
+// bisection interfaces,
 //  - RefRunner: the libtorch ref over a scenario at a compute dtype;
-//  - RefLocalOracle: every site of a dump recomputed with the ref's ops
-//    (ref/ops.h) from that dump's own inputs (teacher forcing), optionally
-//    with the ops changed as a bug hypothesis of the zoo says;
+//  - RefLocalOracle: every site of a dump recomputed through the ref's
+//    decoder graph (ref/graph.h) from that dump's own inputs (teacher
+//    forcing), optionally with the ops changed as a bug hypothesis says;
 //  - ImplHypothesisRunner: the plain C++ impl with one zoo bug switched on.
-// and the bisect pipeline shared by `llmdiff bisect` and `llmdiff run`.
+// and the pipeline shared by `llmdiff bisect`, `llmdiff run` and the bench.
 #pragma once
 #include <map>
 #include <memory>
@@ -12,14 +13,12 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-
-#include "cli/common.h"
+#include "bisect/engines.h"
 #include "compare/diagnose.h"
 #include "dumps/engine.h"
 #include "dumps/weights.h"
 
-namespace llmdiff::cli {
+namespace llmdiff::bisect {
 
 class RefRunner : public compare::ReferenceRunner {
  public:
@@ -95,22 +94,4 @@ std::unique_ptr<MemoryDump> run_impl_candidate(const ModelOracles& m, const Scen
 compare::BisectResult bisect_impl_candidate(const ModelOracles& m, const MemoryDump& cand, bool bugs_injected,
                                             compare::BisectOptions opt);
 
-// The command-line options bisect and run share.
-struct BisectCliOptions {
-  std::vector<std::string> tol;     // --tol GLOB=SPEC (repeatable)
-  std::optional<double> rtol, atol;
-  std::string sites;                // --sites GLOB,...
-  bool no_noise_floor = false, no_local = false, no_diagnose = false;
-  bool json = false, all = false;
-  std::string report;               // --report FILE.md
-  int threads = 0;
-  bool verbose = false;             // --verbose: phase timings on stderr
-};
-void add_bisect_cli_options(CLI::App& sub, BisectCliOptions& o);
-// `log` (when enabled) receives the pipeline's phases.
-compare::BisectOptions bisect_options(const BisectCliOptions& o, const PhaseLog* log = nullptr);
-// Prints the result (table or JSON), writes the Markdown report if asked;
-// returns the exit code (0 within tolerance, 1 divergence).
-int emit_bisect(const compare::BisectResult& r, const BisectCliOptions& o);
-
-}  // namespace llmdiff::cli
+}  // namespace llmdiff::bisect

@@ -17,7 +17,7 @@
 #include "dumps/dtype.h"
 #include "dumps/safetensors.h"
 
-namespace llmdiff::cli {
+namespace llmdiff::synth {
 
 // --- presets -----------------------------------------------------------------
 
@@ -101,4 +101,4 @@ DType parse_storage_dtype(const std::string& text);
 // "float32" / "bfloat16" / "float16" for torch_dtype.
 const char* torch_dtype_name(DType t);
 
-}  // namespace llmdiff::cli
+}  // namespace llmdiff::synth

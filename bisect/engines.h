@@ -1,0 +1,32 @@
+// llmdiff's two engines built by name, and the manifest of a dump one writes:
+// what the commands and the bisect pipeline share.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dumps/config.h"
+#include "dumps/dump.h"
+#include "dumps/engine.h"
+#include "dumps/weights.h"
+
+namespace llmdiff::bisect {
+
+struct EngineOptions {
+  std::string dtype;                 // ref compute dtype; empty: the checkpoint's torch_dtype
+  int threads = 0;                   // 0: all cores
+  int64_t max_seq = 0;               // impl KV capacity; 0: max_position_embeddings
+  std::vector<std::string> inject;   // impl bug zoo
+  bool release_weights = false;      // impl: ImplOptions::release_weights
+};
+
+// "ref" or "impl"; throws UsageError otherwise (or for bugs given to the ref).
+std::unique_ptr<Engine> make_engine(const std::string& which, const Model& model, const EngineOptions& opt);
+
+// The manifest of a dump produced by `engine` on `model` for `sc`.
+Manifest make_manifest(const Engine& engine, const Model& model, const std::string& model_dir, const Scenario& sc);
+
+// Basename of a directory path ("a/b/" -> "b").
+std::string dir_name(const std::string& path);
+
+}  // namespace llmdiff::bisect

@@ -1,0 +1,58 @@
+#include "cli/bisect_cli.h"
+
+#include <malloc.h>
+
+#include <cstdio>
+
+#include "compare/bisect_report.h"
+#include "compare/report.h"
+#include "compare/tolerance.h"
+
+namespace llmdiff::cli {
+
+void add_bisect_cli_options(CLI::App& sub, BisectCliOptions& o) {
+  sub.add_option("--tol", o.tol, "per-name tolerance GLOB=atol:X,rtol:Y (repeatable; for --no-noise-floor)");
+  sub.add_option("--rtol", o.rtol, "relative tolerance (allclose; for --no-noise-floor)");
+  sub.add_option("--atol", o.atol, "absolute tolerance (allclose; for --no-noise-floor)");
+  sub.add_option("--sites", o.sites, "compare only names matching these globs, comma separated (e.g. 'layers.*.out,logits')");
+  sub.add_flag("--no-noise-floor", o.no_noise_floor,
+               "judge by allclose instead of the noise floor (no float64 reference run)");
+  sub.add_flag("--no-local", o.no_local, "skip local errors (teacher forcing)");
+  sub.add_flag("--no-diagnose", o.no_diagnose, "skip testing the bug hypotheses");
+  sub.add_flag("--json", o.json, "print the result as JSON (schema llmdiff.bisect/1, see compare/README.md)");
+  sub.add_flag("--all", o.all, "list every local site and every hypothesis tested");
+  sub.add_option("--report", o.report, "also write a Markdown bisection report to this file");
+  sub.add_option("--threads", o.threads, "threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  sub.add_flag("--verbose", o.verbose, "print each phase as it ends, with the elapsed time and peak memory, on stderr");
+}
+
+compare::BisectOptions bisect_options(const BisectCliOptions& o, const PhaseLog* log) {
+  compare::BisectOptions b;
+  // Between phases, the heap's free memory goes back to the system: each
+  // phase frees a model's worth of activations in pieces under the mmap
+  // threshold (cli/main.cpp), which glibc would otherwise keep.
+  b.progress = [log](const std::string& what) {
+    malloc_trim(0);
+    if (log && log->enabled()) (*log)(what);
+  };
+  b.compare.rtol = o.rtol;
+  b.compare.atol = o.atol;
+  for (const auto& t : o.tol) b.compare.overrides.push_back(compare::parse_tolerance_override(t));
+  b.compare.sites = split_list(o.sites);
+  b.noise_floor = !o.no_noise_floor;
+  b.local = !o.no_local;
+  b.diagnose = !o.no_diagnose;
+  return b;
+}
+
+int emit_bisect(const compare::BisectResult& r, const BisectCliOptions& o) {
+  if (!o.report.empty()) compare::write_text_atomic(o.report, compare::render_bisect_markdown(r));
+  compare::BisectTableOptions t;
+  t.all = o.all;
+  const std::string text = o.json ? compare::render_bisect_json(r) : compare::render_bisect_table(r, t);
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+  return r.exit_code();
+}
+
+}  // namespace llmdiff::cli

@@ -1,0 +1,32 @@
+// The command-line options `bisect` and `run` share, and their output.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bisect/pipeline.h"
+#include "cli/common.h"
+#include "compare/diagnose.h"
+
+namespace llmdiff::cli {
+
+// The command-line options bisect and run share.
+struct BisectCliOptions {
+  std::vector<std::string> tol;     // --tol GLOB=SPEC (repeatable)
+  std::optional<double> rtol, atol;
+  std::string sites;                // --sites GLOB,...
+  bool no_noise_floor = false, no_local = false, no_diagnose = false;
+  bool json = false, all = false;
+  std::string report;               // --report FILE.md
+  int threads = 0;
+  bool verbose = false;             // --verbose: phase timings on stderr
+};
+void add_bisect_cli_options(CLI::App& sub, BisectCliOptions& o);
+// `log` (when enabled) receives the pipeline's phases.
+compare::BisectOptions bisect_options(const BisectCliOptions& o, const PhaseLog* log = nullptr);
+// Prints the result (table or JSON), writes the Markdown report if asked;
+// returns the exit code (0 within tolerance, 1 divergence).
+int emit_bisect(const compare::BisectResult& r, const BisectCliOptions& o);
+
+}  // namespace llmdiff::cli
