@@ -136,45 +136,17 @@ std::string RefRunner::describe() const {
 // ---------------------------------------------------------------------------
 // ImplHypothesisRunner
 
-namespace {
-
-// Sorted, rounded to 12 significant digits (so that config / 10 meets the
-// round value it stands for), without duplicates or the config's own value.
-std::vector<double> grid_without(std::vector<double> v, double config_value) {
-  for (double& x : v) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.12g", x);
-    x = std::strtod(buf, nullptr);
-  }
-  std::sort(v.begin(), v.end());
-  v.erase(std::unique(v.begin(), v.end()), v.end());
-  v.erase(std::remove(v.begin(), v.end(), config_value), v.end());
-  return v;
-}
-
-}  // namespace
-
-std::vector<double> rope_theta_grid(const ModelConfig& cfg) {
-  const double t = cfg.rope_theta;
-  return grid_without({1e4, 5e4, 1e5, 5e5, 1e6, 1e7, t / 10, t * 10, t / 2, t * 2}, t);
-}
-
-std::vector<double> rmsnorm_eps_grid(const ModelConfig& cfg) {
-  const double e = cfg.rms_norm_eps;
-  return grid_without({0.0, 1e-12, 1e-8, 1e-6, 1e-5, 1e-4, 1e-3, e / 10, e * 10}, e);
-}
-
 ImplHypothesisRunner::ImplHypothesisRunner(const Model& model, int threads) : model_(model), threads_(threads) {}
 
+// Every bug of the zoo that applies to the model; a parameterised bug once
+// per value of its grid.
 std::vector<compare::Hypothesis> ImplHypothesisRunner::hypotheses() const {
   std::vector<compare::Hypothesis> out;
   const ModelConfig& cfg = model_.config;
   for (const auto& info : zoo::all_bugs()) {
     if (!zoo::bug_inapplicable_reason(info.bug, cfg).empty()) continue;
-    if (info.bug == zoo::Bug::RopeTheta) {
-      for (double v : rope_theta_grid(cfg)) out.push_back({info.name, v});
-    } else if (info.bug == zoo::Bug::RmsnormEps) {
-      for (double v : rmsnorm_eps_grid(cfg)) out.push_back({info.name, v});
+    if (info.takes_value()) {
+      for (double v : info.grid(cfg)) out.push_back({info.name, v});
     } else {
       out.push_back({info.name, std::nullopt});
     }
@@ -217,15 +189,19 @@ std::unique_ptr<MemoryDump> ImplHypothesisRunner::run(const compare::Hypothesis&
 }
 
 std::optional<double> ImplHypothesisRunner::configured(const std::string& bug) const {
-  if (bug == "rope-theta") return model_.config.rope_theta;
-  if (bug == "rmsnorm-eps") return model_.config.rms_norm_eps;
-  return std::nullopt;
+  const zoo::BugInfo* info = zoo::find_bug(bug);
+  if (!info || !info->takes_value()) return std::nullopt;
+  return info->configured(model_.config);
+}
+
+std::string ImplHypothesisRunner::parameter(const std::string& bug) const {
+  const zoo::BugInfo* info = zoo::find_bug(bug);
+  return info && info->parameter ? info->parameter : "";
 }
 
 std::string ImplHypothesisRunner::description(const std::string& bug) const {
-  for (const auto& info : zoo::all_bugs())
-    if (bug == info.name) return info.description;
-  return "";
+  const zoo::BugInfo* info = zoo::find_bug(bug);
+  return info ? info->description : "";
 }
 
 // ---------------------------------------------------------------------------

@@ -55,18 +55,13 @@ class ImplHypothesisRunner : public compare::HypothesisRunner {
   std::unique_ptr<MemoryDump> run(const compare::Hypothesis& h, const Scenario& sc,
                                   const std::vector<std::string>& wanted) const override;
   std::optional<double> configured(const std::string& bug) const override;
+  std::string parameter(const std::string& bug) const override;
   std::string description(const std::string& bug) const override;
 
  private:
   const Model& model_;
   int threads_;
 };
-
-// The values tried for the parameterised bugs: common rope_theta and
-// rms_norm_eps values of public checkpoints, the impl's default for the bug,
-// and config value x/÷ 10 (the config's own value is left out: it is no bug).
-std::vector<double> rope_theta_grid(const ModelConfig& cfg);
-std::vector<double> rmsnorm_eps_grid(const ModelConfig& cfg);
 
 // A model directory loaded with the three runners.
 struct ModelOracles {

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "compare/tolerance.h"
+#include "dumps/bugs.h"
 #include "dumps/errors.h"
 
 namespace llmdiff::compare {
@@ -110,9 +111,13 @@ Agreement agreement(const TensorData& hyp, const TensorData& cand, const TensorC
   return a;
 }
 
+// The zoo's name of the bug a fingerprint points at (dumps/bugs.h).
+std::string named(zoo::Signature s) { return zoo::bug_with_signature(s).name; }
+
 std::string describe_hypothesis(const Hypothesis& h, const HypothesisRunner* runner) {
   if (!h.value) return h.bug;
-  std::string what = h.bug == "rope-theta" ? "rope theta" : h.bug == "rmsnorm-eps" ? "rmsnorm eps" : h.bug;
+  std::string what = runner ? runner->parameter(h.bug) : "";
+  if (what.empty()) what = h.bug;
   std::string s = what + " = " + value_str(*h.value);
   if (runner)
     if (auto c = runner->configured(h.bug)) s += ", config says " + value_str(*c);
@@ -176,7 +181,7 @@ std::vector<Fingerprint> fingerprints(const TensorSource& cand, const TensorSour
     if (passing(fn)) {
       const TensorComparison* a = global.find(fn);
       const TensorComparison* b = global.find(logits);
-      out.push_back({"lm-head",
+      out.push_back({named(zoo::Signature::HeadOnly),
                      fn + " matches the reference (rmse " + num(a->metrics.rmse) + ") while " + logits +
                          " does not (rmse " + num(b->metrics.rmse) + ", max err " + num(b->metrics.max_abs) +
                          "): the lm_head projection itself is wrong",
@@ -184,7 +189,7 @@ std::vector<Fingerprint> fingerprints(const TensorSource& cand, const TensorSour
     } else if (cfg && !cand.has(fn)) {
       const std::string last = layer_name(s, int(cfg->num_hidden_layers) - 1, "out");
       if (passing(last))
-        out.push_back({"lm-head",
+        out.push_back({named(zoo::Signature::HeadOnly),
                        last + " matches the reference while " + logits +
                            " does not (no final_norm in the candidate: the final norm or the lm_head is wrong)",
                        false});
@@ -205,7 +210,7 @@ std::vector<Fingerprint> fingerprints(const TensorSource& cand, const TensorSour
         const double e0 = rmse(c.f.data(), row0.data(), c.numel());
         const double el = rmse(c.f.data(), last.data(), c.numel());
         if (e0 * 100 < el) {
-          out.push_back({"last-token-first",
+          out.push_back({named(zoo::Signature::LastRowFirst),
                          nl + " is the reference's logits row 0 (rmse " + num(e0) + ") instead of row " +
                              std::to_string(T - 1) + " (rmse " + num(el) + ")",
                          true});
@@ -230,7 +235,7 @@ std::vector<Fingerprint> fingerprints(const TensorSource& cand, const TensorSour
       where = step_name(s + 1, "tokens");
     }
     if (picked && *picked == a0) {
-      out.push_back({"last-token-first",
+      out.push_back({named(zoo::Signature::LastRowFirst),
                      where + " = " + std::to_string(*picked) + " is the argmax of the reference's step" +
                          std::to_string(s) + " logits row 0, not of its last row " + std::to_string(T - 1) + " (" +
                          std::to_string(al) + ")",
@@ -245,7 +250,7 @@ std::vector<Fingerprint> fingerprints(const TensorSource& cand, const TensorSour
     if (!cand.has(name) || past[size_t(s)] == 0) continue;
     TensorData p = cand.get(name);
     if (p.is_int && !p.i.empty() && p.i[0] == 0) {
-      out.push_back({"rope-position-reset",
+      out.push_back({named(zoo::Signature::PositionsRestart),
                      name + " starts at 0 although " + std::to_string(past[size_t(s)]) +
                          " tokens are cached before this call",
                      true});
@@ -264,7 +269,7 @@ std::vector<Fingerprint> fingerprints(const TensorSource& cand, const TensorSour
     std::vector<float> f = m.floats();
     bool all_ones = std::all_of(f.begin(), f.end(), [](float x) { return x == 1.0f; });
     if (T > 1 && all_ones && S >= T) {
-      out.push_back({"mask-missing", name + " allows every key for every query (T = " + std::to_string(T) +
+      out.push_back({named(zoo::Signature::MaskAllowsAll), name + " allows every key for every query (T = " + std::to_string(T) +
                                          "): no causal mask", true});
       break;
     }
@@ -277,7 +282,7 @@ std::vector<Fingerprint> fingerprints(const TensorSource& cand, const TensorSour
             break;
           }
       if (square) {
-        out.push_back({"mask-square", name + " allows key s iff s <= t as if nothing were cached (" +
+        out.push_back({named(zoo::Signature::MaskIgnoresPast), name + " allows key s iff s <= t as if nothing were cached (" +
                                           std::to_string(P) + " cached tokens)", true});
         break;
       }
@@ -294,7 +299,7 @@ std::vector<Fingerprint> fingerprints(const TensorSource& cand, const TensorSour
       if (c.kind != CanonName::Kind::Layer || c.step != s || c.site != "attn.k_cache") continue;
       Shape sh = cand.shape(n);
       if (sh.size() == 3 && sh[1] == T) {
-        out.push_back({"kv-overwrite", n + " holds " + std::to_string(T) + " positions where " +
+        out.push_back({named(zoo::Signature::CacheHoldsCallOnly), n + " holds " + std::to_string(T) + " positions where " +
                                            std::to_string(P + T) + " are expected: the cache was overwritten",
                        true});
         found = true;
@@ -326,7 +331,7 @@ std::vector<Fingerprint> fingerprints(const TensorSource& cand, const TensorSour
         grouped = grouped && head_eq(h, h / n_rep);
       }
       if (tile && !grouped)
-        out.push_back({"repeat-kv-tile", n + ": query head h holds kv head h mod " + std::to_string(hkv) +
+        out.push_back({named(zoo::Signature::KvHeadsTiled), n + ": query head h holds kv head h mod " + std::to_string(hkv) +
                                              " instead of h / " + std::to_string(n_rep), true});
       break;
     }
@@ -349,7 +354,7 @@ std::vector<Fingerprint> fingerprints(const TensorSource& cand, const TensorSour
     const double er = rmse(act.f.data(), right.data(), act.numel());
     const double es = rmse(act.f.data(), swapped.data(), act.numel());
     if (es * 100 < er)
-      out.push_back({"gate-up-swap", n + " equals silu(up) * gate of the candidate's own gate/up (rmse " + num(es) +
+      out.push_back({named(zoo::Signature::GateUpSwapped), n + " equals silu(up) * gate of the candidate's own gate/up (rmse " + num(es) +
                                          ") rather than silu(gate) * up (rmse " + num(er) + ")", true});
     break;
   }
@@ -375,7 +380,7 @@ std::vector<Fingerprint> fingerprints(const TensorSource& cand, const TensorSour
       std::string what = "the scores are the reference's times " + value_str(k);
       if (cfg && cfg->head_dim > 0 && std::fabs(k * std::sqrt(double(cfg->head_dim)) - 1.0) < 1e-3)
         what += " = 1/sqrt(head_dim): scaled by 1/head_dim instead of 1/sqrt(head_dim)";
-      out.push_back({"softmax-scale", n + ": " + what + " (rmse after rescaling " + num(e) + ")", true});
+      out.push_back({named(zoo::Signature::ScoresRescaled), n + ": " + what + " (rmse after rescaling " + num(e) + ")", true});
     }
     break;
   }
@@ -396,7 +401,7 @@ std::vector<Fingerprint> fingerprints(const TensorSource& cand, const TensorSour
       return m;
     };
     if (cfg->rope_scaling.type != RopeScaling::Type::Default && rel_err(default_inv(cfg->rope_theta)) < 1e-5) {
-      out.push_back({"rope-scaling-ignored", std::string("rope.inv_freq equals the unscaled frequencies of theta ") +
+      out.push_back({named(zoo::Signature::InvFreqUnscaled), std::string("rope.inv_freq equals the unscaled frequencies of theta ") +
                                                  value_str(cfg->rope_theta) + " (config rope_scaling " +
                                                  rope_type_name(cfg->rope_scaling.type) + " ignored)", true});
     } else if (half >= 2) {
@@ -423,7 +428,7 @@ std::vector<Fingerprint> fingerprints(const TensorSource& cand, const TensorSour
           }
         }
         if (e < 1e-4 && cfg->rope_scaling.type == RopeScaling::Type::Default)
-          out.push_back({"rope-theta", "rope.inv_freq fits theta = " + value_str(theta) + " (config says " +
+          out.push_back({named(zoo::Signature::InvFreqTheta), "rope.inv_freq fits theta = " + value_str(theta) + " (config says " +
                                            value_str(cfg->rope_theta) + "; max rel err " + num(e) + ")", true, theta});
       }
     }
@@ -447,7 +452,7 @@ std::vector<Fingerprint> fingerprints(const TensorSource& cand, const TensorSour
         spread = std::max(spread, std::fabs(double(a.f[size_t(t * cols + j)]) - b.f[size_t(t * cols + j)] - d0));
     }
     if (total > 0 && spread * 100 < total)
-      out.push_back({"missing-bias", n + " differs from the reference by the same vector in every row (max " +
+      out.push_back({named(zoo::Signature::RowConstantOffset), n + " differs from the reference by the same vector in every row (max " +
                                          num(total) + ", row-to-row spread " + num(spread) + "): a bias is missing or wrong",
                      false});
     break;

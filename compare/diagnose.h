@@ -55,9 +55,11 @@ class HypothesisRunner {
   // every one of them is recorded.
   virtual std::unique_ptr<MemoryDump> run(const Hypothesis& h, const Scenario& sc,
                                           const std::vector<std::string>& wanted) const = 0;
-  // The model's own value of the parameter `bug` changes ("rope-theta" ->
-  // config rope_theta, "rmsnorm-eps" -> rms_norm_eps); nullopt otherwise.
+  // The model's own value of the parameter `bug` changes (config rope_theta
+  // for rope-theta); nullopt for a bug without a parameter.
   virtual std::optional<double> configured(const std::string& bug) const = 0;
+  // What that parameter is called in words ("rope theta"; empty: none).
+  virtual std::string parameter(const std::string& bug) const { return ""; }
   // One line saying what the bug does (empty if unknown).
   virtual std::string description(const std::string& bug) const { return ""; }
 };

@@ -1,5 +1,6 @@
 #include "dumps/bugs.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -8,37 +9,179 @@
 
 namespace llmdiff::zoo {
 
+namespace {
+
+// Sorted, rounded to 12 significant digits (so that config / 10 meets the
+// round value it stands for), without duplicates or the config's own value.
+std::vector<double> grid_without(std::vector<double> v, double config_value) {
+  for (double& x : v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.12g", x);
+    x = std::strtod(buf, nullptr);
+  }
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+  v.erase(std::remove(v.begin(), v.end(), config_value), v.end());
+  return v;
+}
+
+}  // namespace
+
+// The zoo. Grids hold common values of public checkpoints, the bug's
+// default and the config value x/÷ 10.
 const std::vector<BugInfo>& all_bugs() {
-  static const std::vector<BugInfo> bugs = {
-      {Bug::RopeInterleaved, "rope-interleaved",
-       "rotates adjacent pairs (2i, 2i+1) at frequency i instead of (i, i+Dh/2)"},
-      {Bug::RopeTheta, "rope-theta", "uses another rope_theta (=VALUE; default: config theta / 10)"},
-      {Bug::RopeScalingIgnored, "rope-scaling-ignored", "ignores the config's rope_scaling"},
-      {Bug::RopePositionReset, "rope-position-reset",
-       "positions restart at 0 in every forward call instead of continuing after the cache"},
-      {Bug::RepeatKvTile, "repeat-kv-tile", "query head h reads kv head h mod Hkv instead of h / (Hq/Hkv)"},
-      {Bug::MaskSquare, "mask-square", "causal mask built as if the call had no past: key s allowed iff s <= t"},
-      {Bug::MaskMissing, "mask-missing", "no causal mask"},
-      {Bug::KvOverwrite, "kv-overwrite", "replaces the KV cache with this call's K/V instead of appending"},
-      {Bug::LastTokenFirst, "last-token-first", "feeds the first position's hidden state to next_logits, not the last"},
-      {Bug::RmsnormEps, "rmsnorm-eps",
-       "RMSNorm epsilon other than the config's (=VALUE; default: 1e-5 if the config's is 1e-6, else 1e-6)"},
-      {Bug::MissingBias, "missing-bias", "drops the q/k/v projection biases"},
-      {Bug::QkNormAfterRope, "qk-norm-after-rope", "applies Qwen3's q_norm/k_norm after RoPE instead of before"},
-      {Bug::SoftmaxScale, "softmax-scale", "scales attention scores by 1/Dh instead of 1/sqrt(Dh)"},
-      {Bug::GateUpSwap, "gate-up-swap", "computes silu(up) * gate instead of silu(gate) * up"},
-      {Bug::LmHead, "lm-head", "computes logits with the embedding matrix instead of the untied lm_head"},
-  };
+  static const std::vector<BugInfo> bugs = [] {
+    std::vector<BugInfo> z;
+    auto add = [&](Bug b, const char* name, const char* description) -> BugInfo& {
+      BugInfo i;
+      i.bug = b;
+      i.name = name;
+      i.description = description;
+      z.push_back(i);
+      return z.back();
+    };
+    {
+      BugInfo& b = add(Bug::RopeInterleaved, "rope-interleaved",
+                       "rotates adjacent pairs (2i, 2i+1) at frequency i instead of (i, i+Dh/2)");
+      b.fault = &Faults::rope_interleaved;
+    }
+    {
+      BugInfo& b = add(Bug::RopeTheta, "rope-theta", "uses another rope_theta (=VALUE; default: config theta / 10)");
+      b.change_config = [](ModelConfig& c, double v) { c.rope_theta = v; };
+      b.parameter = "rope theta";
+      b.configured = [](const ModelConfig& c) { return c.rope_theta; };
+      b.default_value = [](const ModelConfig& c) { return c.rope_theta / 10.0; };
+      b.grid = [](const ModelConfig& c) {
+        const double t = c.rope_theta;
+        return grid_without({1e4, 5e4, 1e5, 5e5, 1e6, 1e7, t / 10, t * 10, t / 2, t * 2}, t);
+      };
+      b.positive_only = true;
+      b.signature = Signature::InvFreqTheta;
+    }
+    {
+      BugInfo& b = add(Bug::RopeScalingIgnored, "rope-scaling-ignored", "ignores the config's rope_scaling");
+      b.inapplicable = [](const ModelConfig& c) -> std::string {
+        return c.rope_scaling.type == RopeScaling::Type::Default ? "the config has no rope_scaling to ignore" : "";
+      };
+      b.change_config = [](ModelConfig& c, double) { c.rope_scaling = RopeScaling{}; };
+      b.signature = Signature::InvFreqUnscaled;
+    }
+    {
+      BugInfo& b = add(Bug::RopePositionReset, "rope-position-reset",
+                       "positions restart at 0 in every forward call instead of continuing after the cache");
+      b.fault = &Faults::position_reset;
+      b.signature = Signature::PositionsRestart;
+    }
+    {
+      BugInfo& b = add(Bug::RepeatKvTile, "repeat-kv-tile",
+                       "query head h reads kv head h mod Hkv instead of h / (Hq/Hkv)");
+      b.inapplicable = [](const ModelConfig& c) -> std::string {
+        const int64_t hq = c.num_attention_heads, hkv = c.num_key_value_heads;
+        if (hkv == hq)
+          return "every query head has its own kv head (Hq = Hkv = " + std::to_string(hq) +
+                 "), so tiling and grouping read the same head";
+        if (hkv == 1) return "all query heads share one kv head (MQA), so tiling and grouping read the same head";
+        return "";
+      };
+      b.fault = &Faults::repeat_kv_tile;
+      b.signature = Signature::KvHeadsTiled;
+    }
+    {
+      BugInfo& b = add(Bug::MaskSquare, "mask-square",
+                       "causal mask built as if the call had no past: key s allowed iff s <= t");
+      b.fault = &Faults::mask_square;
+      b.signature = Signature::MaskIgnoresPast;
+    }
+    {
+      BugInfo& b = add(Bug::MaskMissing, "mask-missing", "no causal mask");
+      b.fault = &Faults::mask_missing;
+      b.signature = Signature::MaskAllowsAll;
+    }
+    {
+      BugInfo& b = add(Bug::KvOverwrite, "kv-overwrite",
+                       "replaces the KV cache with this call's K/V instead of appending");
+      b.fault = &Faults::kv_overwrite;
+      b.signature = Signature::CacheHoldsCallOnly;
+    }
+    {
+      BugInfo& b = add(Bug::LastTokenFirst, "last-token-first",
+                       "feeds the first position's hidden state to next_logits, not the last");
+      b.fault = &Faults::last_token_first;
+      b.signature = Signature::LastRowFirst;
+    }
+    {
+      BugInfo& b = add(Bug::RmsnormEps, "rmsnorm-eps",
+                       "RMSNorm epsilon other than the config's (=VALUE; default: 1e-5 if the config's is 1e-6, else "
+                       "1e-6)");
+      b.change_config = [](ModelConfig& c, double v) { c.rms_norm_eps = v; };
+      b.parameter = "rmsnorm eps";
+      b.configured = [](const ModelConfig& c) { return c.rms_norm_eps; };
+      b.default_value = [](const ModelConfig& c) { return c.rms_norm_eps == 1e-6 ? 1e-5 : 1e-6; };
+      b.grid = [](const ModelConfig& c) {
+        const double e = c.rms_norm_eps;
+        return grid_without({0.0, 1e-12, 1e-8, 1e-6, 1e-5, 1e-4, 1e-3, e / 10, e * 10}, e);
+      };
+    }
+    {
+      BugInfo& b = add(Bug::MissingBias, "missing-bias", "drops the q/k/v projection biases");
+      b.inapplicable = [](const ModelConfig& c) -> std::string {
+        return c.qkv_bias ? "" : "the model's q/k/v projections have no bias";
+      };
+      b.change_config = [](ModelConfig& c, double) { c.qkv_bias = false; };
+      b.signature = Signature::RowConstantOffset;
+    }
+    {
+      BugInfo& b = add(Bug::QkNormAfterRope, "qk-norm-after-rope",
+                       "applies Qwen3's q_norm/k_norm after RoPE instead of before");
+      b.inapplicable = [](const ModelConfig& c) -> std::string {
+        return c.qk_norm ? "" : "the model has no per-head q_norm/k_norm (Qwen3 only)";
+      };
+      b.fault = &Faults::qk_norm_after_rope;
+    }
+    {
+      BugInfo& b = add(Bug::SoftmaxScale, "softmax-scale", "scales attention scores by 1/Dh instead of 1/sqrt(Dh)");
+      b.fault = &Faults::softmax_scale_dh;
+      b.signature = Signature::ScoresRescaled;
+    }
+    {
+      BugInfo& b = add(Bug::GateUpSwap, "gate-up-swap", "computes silu(up) * gate instead of silu(gate) * up");
+      b.fault = &Faults::gate_up_swap;
+      b.signature = Signature::GateUpSwapped;
+    }
+    {
+      BugInfo& b = add(Bug::LmHead, "lm-head", "computes logits with the embedding matrix instead of the untied lm_head");
+      b.inapplicable = [](const ModelConfig& c) -> std::string {
+        return c.tie_word_embeddings ? "lm_head is tied to the embedding: both are the same matrix" : "";
+      };
+      b.fault = &Faults::lm_head_embed;
+      b.signature = Signature::HeadOnly;
+    }
+    return z;
+  }();
   return bugs;
 }
 
-const char* bug_name(Bug b) {
+const BugInfo& bug_info(Bug b) {
   for (const BugInfo& info : all_bugs())
-    if (info.bug == b) return info.name;
-  return "unknown-bug";
+    if (info.bug == b) return info;
+  throw Error("bug zoo: no entry for bug " + std::to_string(int(b)));
 }
 
-bool bug_takes_value(Bug b) { return b == Bug::RopeTheta || b == Bug::RmsnormEps; }
+const BugInfo* find_bug(const std::string& name) {
+  for (const BugInfo& info : all_bugs())
+    if (name == info.name) return &info;
+  return nullptr;
+}
+
+const BugInfo& bug_with_signature(Signature s) {
+  for (const BugInfo& info : all_bugs())
+    if (info.signature == s) return info;
+  throw Error("bug zoo: no bug has fingerprint " + std::to_string(int(s)));
+}
+
+const char* bug_name(Bug b) { return bug_info(b).name; }
+
+bool bug_takes_value(Bug b) { return bug_info(b).takes_value(); }
 
 namespace {
 
@@ -73,66 +216,36 @@ std::string BugSpec::str() const {
 BugSpec parse_bug(const std::string& text) {
   const size_t eq = text.find('=');
   const std::string name = text.substr(0, eq);
-  for (const BugInfo& info : all_bugs()) {
-    if (name != info.name) continue;
-    BugSpec spec{info.bug, std::nullopt};
-    if (eq == std::string::npos) return spec;
-    if (!bug_takes_value(info.bug))
-      throw UsageError("bug '" + name + "' takes no value (only rope-theta and rmsnorm-eps do), got '" + text + "'");
-    const std::string value = text.substr(eq + 1);
-    char* end = nullptr;
-    const double v = value.empty() ? 0.0 : std::strtod(value.c_str(), &end);
-    const bool positive_only = info.bug == Bug::RopeTheta;
-    if (value.empty() || *end != '\0' || !std::isfinite(v) || v < 0.0 || (positive_only && v == 0.0))
-      throw UsageError("bug '" + name + "': value must be a " + (positive_only ? "positive" : "non-negative") +
-                       " number, got '" + value + "'");
-    spec.value = v;
-    return spec;
+  const BugInfo* info = find_bug(name);
+  if (!info) throw UsageError("unknown bug '" + name + "' (known: " + bug_list() + ")");
+  BugSpec spec{info->bug, std::nullopt};
+  if (eq == std::string::npos) return spec;
+  if (!info->takes_value()) {
+    std::string takers;
+    for (const BugInfo& b : all_bugs())
+      if (b.takes_value()) takers += std::string(takers.empty() ? "" : " and ") + b.name;
+    throw UsageError("bug '" + name + "' takes no value (only " + takers + " do), got '" + text + "'");
   }
-  throw UsageError("unknown bug '" + name + "' (known: " + bug_list() + ")");
+  const std::string value = text.substr(eq + 1);
+  char* end = nullptr;
+  const double v = value.empty() ? 0.0 : std::strtod(value.c_str(), &end);
+  if (value.empty() || *end != '\0' || !std::isfinite(v) || v < 0.0 || (info->positive_only && v == 0.0))
+    throw UsageError("bug '" + name + "': value must be a " + (info->positive_only ? "positive" : "non-negative") +
+                     " number, got '" + value + "'");
+  spec.value = v;
+  return spec;
 }
 
 std::string bug_inapplicable_reason(Bug b, const ModelConfig& cfg) {
-  const int64_t hq = cfg.num_attention_heads, hkv = cfg.num_key_value_heads;
-  switch (b) {
-    case Bug::MissingBias:
-      if (!cfg.qkv_bias) return "the model's q/k/v projections have no bias";
-      break;
-    case Bug::RepeatKvTile:
-      if (hkv == hq)
-        return "every query head has its own kv head (Hq = Hkv = " + std::to_string(hq) +
-               "), so tiling and grouping read the same head";
-      if (hkv == 1) return "all query heads share one kv head (MQA), so tiling and grouping read the same head";
-      break;
-    case Bug::QkNormAfterRope:
-      if (!cfg.qk_norm) return "the model has no per-head q_norm/k_norm (Qwen3 only)";
-      break;
-    case Bug::LmHead:
-      if (cfg.tie_word_embeddings) return "lm_head is tied to the embedding: both are the same matrix";
-      break;
-    case Bug::RopeScalingIgnored:
-      if (cfg.rope_scaling.type == RopeScaling::Type::Default) return "the config has no rope_scaling to ignore";
-      break;
-    default:
-      break;
-  }
-  return "";
+  const BugInfo& info = bug_info(b);
+  return info.inapplicable ? info.inapplicable(cfg) : "";
 }
 
 double bug_value(const BugSpec& spec, const ModelConfig& cfg) {
-  double v = 0, config_value = 0;
-  switch (spec.bug) {
-    case Bug::RopeTheta:
-      config_value = cfg.rope_theta;
-      v = spec.value ? *spec.value : cfg.rope_theta / 10.0;
-      break;
-    case Bug::RmsnormEps:
-      config_value = cfg.rms_norm_eps;
-      v = spec.value ? *spec.value : (cfg.rms_norm_eps == 1e-6 ? 1e-5 : 1e-6);
-      break;
-    default:
-      throw UsageError(std::string("bug '") + bug_name(spec.bug) + "' takes no value");
-  }
+  const BugInfo& info = bug_info(spec.bug);
+  if (!info.takes_value()) throw UsageError(std::string("bug '") + info.name + "' takes no value");
+  const double config_value = info.configured(cfg);
+  const double v = spec.value ? *spec.value : info.default_value(cfg);
   if (v == config_value)
     throw UsageError("bug '" + spec.str() + "' uses the config's own value " + format_value(config_value) +
                      ": that is no bug");
@@ -150,23 +263,9 @@ void check_bugs(const std::vector<BugSpec>& bugs, const ModelConfig& cfg) {
 Faults apply_bugs(const std::vector<BugSpec>& bugs, ModelConfig& cfg) {
   Faults f;
   for (const BugSpec& b : bugs) {
-    switch (b.bug) {
-      case Bug::RopeInterleaved: f.rope_interleaved = true; break;
-      case Bug::RopeTheta: cfg.rope_theta = bug_value(b, cfg); break;
-      case Bug::RopeScalingIgnored: cfg.rope_scaling = RopeScaling{}; break;
-      case Bug::RopePositionReset: f.position_reset = true; break;
-      case Bug::RepeatKvTile: f.repeat_kv_tile = true; break;
-      case Bug::MaskSquare: f.mask_square = true; break;
-      case Bug::MaskMissing: f.mask_missing = true; break;
-      case Bug::KvOverwrite: f.kv_overwrite = true; break;
-      case Bug::LastTokenFirst: f.last_token_first = true; break;
-      case Bug::RmsnormEps: cfg.rms_norm_eps = bug_value(b, cfg); break;
-      case Bug::MissingBias: cfg.qkv_bias = false; break;
-      case Bug::QkNormAfterRope: f.qk_norm_after_rope = true; break;
-      case Bug::SoftmaxScale: f.softmax_scale_dh = true; break;
-      case Bug::GateUpSwap: f.gate_up_swap = true; break;
-      case Bug::LmHead: f.lm_head_embed = true; break;
-    }
+    const BugInfo& info = bug_info(b.bug);
+    if (info.fault) f.*(info.fault) = true;
+    if (info.change_config) info.change_config(cfg, info.takes_value() ? bug_value(b, cfg) : 0.0);
   }
   return f;
 }

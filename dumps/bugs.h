@@ -1,6 +1,14 @@
 // The bug zoo: classic mistakes of LLM inference engines. Each bug is one
-// registry entry here, used by the impl (--inject), the ref's variant ops
-// (ref/graph.h) and the diagnosis (through compare/'s runner interfaces).
+// registry entry (all_bugs() in bugs.cpp): its name and one-line description,
+// the models it applies to, the substitution it makes (a config value, or an
+// op switched through a Faults flag that the impl's forward and the ref's
+// graph both honour), its parameter (value grid and default) when it has
+// one, and the fingerprint the diagnosis recognises it by. The impl's
+// --inject, the reference's variant runs and the diagnosis all read it here.
+//
+// Adding a bug: one entry below; for an op-level bug also its Faults flag and
+// the op it changes in impl/model.cpp and ref/graph.cpp (two independent
+// engines compute it each their own way).
 #pragma once
 #include <optional>
 #include <string>
@@ -16,41 +24,7 @@ enum class Bug {
   QkNormAfterRope, SoftmaxScale, GateUpSwap, LmHead
 };
 
-struct BugInfo {
-  Bug bug;
-  const char* name;         // "rope-interleaved", ...
-  const char* description;  // one line
-};
-const std::vector<BugInfo>& all_bugs();
-
-// A bug with an optional numeric parameter: "rope-theta=50000", "rmsnorm-eps=1e-5".
-// Without one, rope-theta uses a theta other than the config's and rmsnorm-eps
-// an epsilon other than the config's (documented defaults).
-struct BugSpec {
-  Bug bug;
-  std::optional<double> value;
-  std::string str() const;
-};
-BugSpec parse_bug(const std::string& text);  // throws UsageError listing the bugs
-const char* bug_name(Bug b);
-// Empty string when the bug applies to the model, else why not.
-std::string bug_inapplicable_reason(Bug b, const ModelConfig& cfg);
-
-// Whether the bug takes a numeric parameter (rope-theta, rmsnorm-eps).
-bool bug_takes_value(Bug b);
-// The parameter a bug uses on `cfg`: the spec's value, else the default
-// (rope-theta: config theta / 10; rmsnorm-eps: 1e-5 when the config's is
-// 1e-6, else 1e-6). Throws UsageError when the bug takes no value or the
-// value equals the config's own (no bug at all).
-double bug_value(const BugSpec& spec, const ModelConfig& cfg);
-
-// Checks a set of bugs against a model (applicability, values); throws
-// UsageError naming the first bug that cannot apply and why.
-void check_bugs(const std::vector<BugSpec>& bugs, const ModelConfig& cfg);
-
-// How the bug zoo changes a forward pass (all false: no bug). Bugs that only
-// change a config value (rope-theta, rope-scaling-ignored, rmsnorm-eps,
-// missing-bias) are applied to the model's config instead.
+// How a forward pass runs under the zoo's op-level bugs (all false: no bug).
 struct Faults {
   bool rope_interleaved = false;    // rope-interleaved
   bool position_reset = false;      // rope-position-reset
@@ -64,6 +38,76 @@ struct Faults {
   bool gate_up_swap = false;        // gate-up-swap
   bool lm_head_embed = false;       // lm-head
 };
+
+// The divergence patterns compare/'s fingerprints test (compare/diagnose.cpp);
+// each bug names the one it leaves.
+enum class Signature {
+  None,
+  HeadOnly,           // final_norm matches, logits do not
+  LastRowFirst,       // next_logits / last_hidden are the first row's
+  PositionsRestart,   // positions restart at 0 in a later call
+  MaskAllowsAll,      // the mask allows every key
+  MaskIgnoresPast,    // the mask allows key s iff s <= t
+  CacheHoldsCallOnly, // the KV cache holds only this call's positions
+  KvHeadsTiled,       // query head h reads kv head h mod Hkv
+  GateUpSwapped,      // act = silu(up) * gate
+  ScoresRescaled,     // scores scaled by 1/Dh
+  InvFreqUnscaled,    // rope.inv_freq without the config's scaling
+  InvFreqTheta,       // rope.inv_freq of another theta (fits the value)
+  RowConstantOffset,  // the same vector off in every row (a bias)
+};
+
+struct BugSpec;
+
+struct BugInfo {
+  Bug bug;
+  const char* name;         // "rope-interleaved", ...
+  const char* description;  // one line
+  // Empty when the bug applies to the model, else why not (null: always applies).
+  std::string (*inapplicable)(const ModelConfig& cfg) = nullptr;
+  // The substitution: a config change, or a Faults flag (one of them).
+  void (*change_config)(ModelConfig& cfg, double value) = nullptr;
+  bool Faults::*fault = nullptr;
+  // A parameterised bug: the config value it replaces ("rope theta"), the
+  // model's own value, the value used when none is given, and the values a
+  // diagnosis tries (the config's own is left out).
+  const char* parameter = nullptr;
+  double (*configured)(const ModelConfig& cfg) = nullptr;
+  double (*default_value)(const ModelConfig& cfg) = nullptr;
+  std::vector<double> (*grid)(const ModelConfig& cfg) = nullptr;
+  bool positive_only = false;  // the parameter must be > 0 (else >= 0)
+  Signature signature = Signature::None;
+  bool takes_value() const { return parameter != nullptr; }
+};
+const std::vector<BugInfo>& all_bugs();
+const BugInfo& bug_info(Bug b);
+// The entry by name (nullptr when unknown).
+const BugInfo* find_bug(const std::string& name);
+// The bug whose fingerprint is `s`.
+const BugInfo& bug_with_signature(Signature s);
+
+// A bug with an optional numeric parameter: "rope-theta=50000", "rmsnorm-eps=1e-5".
+// Without one, the entry's default is used.
+struct BugSpec {
+  Bug bug;
+  std::optional<double> value;
+  std::string str() const;
+};
+BugSpec parse_bug(const std::string& text);  // throws UsageError listing the bugs
+const char* bug_name(Bug b);
+// Empty string when the bug applies to the model, else why not.
+std::string bug_inapplicable_reason(Bug b, const ModelConfig& cfg);
+
+// Whether the bug takes a numeric parameter (rope-theta, rmsnorm-eps).
+bool bug_takes_value(Bug b);
+// The parameter a bug uses on `cfg`: the spec's value, else the entry's
+// default. Throws UsageError when the bug takes no value or the value equals
+// the config's own (no bug at all).
+double bug_value(const BugSpec& spec, const ModelConfig& cfg);
+
+// Checks a set of bugs against a model (applicability, values); throws
+// UsageError naming the first bug that cannot apply and why.
+void check_bugs(const std::vector<BugSpec>& bugs, const ModelConfig& cfg);
 
 // Applies the bugs (checked by check_bugs): config-level ones to `cfg`, the
 // others to the returned Faults.
