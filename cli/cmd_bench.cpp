@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include <malloc.h>
+
 #include "cli/bench_support.h"
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -24,6 +26,7 @@
 #include "dumps/dump.h"
 #include "dumps/engine.h"
 #include "dumps/errors.h"
+#include "dumps/bugs.h"
 #include "dumps/weights.h"
 
 namespace llmdiff::cli {
@@ -46,6 +49,7 @@ struct BenchCmdOptions {
   bool e2e = false;                    // also time run-equivalent work
   int e2e_decode = 8;                  // decode steps of the end-to-end run
   std::string e2e_dir;                 // where its dumps go; empty: a temporary directory, removed
+  std::string bisect;                  // --bisect BUG: time the bisection of an impl candidate with BUG
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -237,35 +241,53 @@ std::string bench_e2e(const BenchCmdOptions& o, ComputeDType ref_dtype, const st
   return j.dump();
 }
 
-// The child's work for --e2e, second part: `llmdiff run` itself with its
-// defaults (float64 noise floor, local errors, diagnosis), phase by phase.
-std::string bench_run_pipeline(const BenchCmdOptions& o) {
-  const auto start = std::chrono::steady_clock::now();
+// The child's work for --e2e, second part, and for --bisect: the pipeline of
+// `llmdiff run` with its defaults (float64 noise floor, local errors,
+// diagnosis), phase by phase, over an impl candidate with the bugs `inject`
+// (none: the clean impl), after the plain impl forward of the same scenario
+// (nothing recorded) that the pipeline's cost is measured against.
+std::string bench_run_pipeline(const BenchCmdOptions& o, const std::vector<std::string>& inject) {
   bisect::ModelOracles m(o.model, o.threads);
   const Scenario sc = make_scenario(bench_prompt(m.model.config.vocab_size, o.prompt, o.seed), {}, o.e2e_decode);
+  EngineOptions eo;
+  eo.threads = o.threads;
+  eo.max_seq = int64_t(o.prompt) + o.e2e_decode + 1;
+  eo.release_weights = true;
+  double plain_s = 0;
+  {
+    auto engine = make_engine("impl", m.model, eo);
+    NullObserver none;
+    const auto t0 = std::chrono::steady_clock::now();
+    run_scenario(*engine, sc, none);
+    plain_s = seconds_since(t0);
+  }
+  const auto start = std::chrono::steady_clock::now();
   json phases = json::array();
   double last = 0;
   auto phase = [&](const std::string& what) {
+    malloc_trim(0);  // as the commands do between phases
     const double now = seconds_since(start);
     phases.push_back({{"phase", what}, {"seconds", now - last}});
     last = now;
   };
-  phase("model loaded");
-  EngineOptions eo;
-  eo.threads = o.threads;
-  eo.max_seq = int64_t(o.prompt) + o.e2e_decode + 1;
+  eo.inject = inject;
   const std::unique_ptr<MemoryDump> cand = bisect::run_impl_candidate(m, sc, eo);
-  phase("candidate run (impl)");
+  phase(inject.empty() ? "candidate run (impl)" : "candidate run (impl --inject " + inject.front() + ")");
   compare::BisectOptions bo;
   bo.progress = phase;
-  const compare::BisectResult r = bisect::bisect_impl_candidate(m, *cand, false, bo);
-  json j = {{"seconds", seconds_since(start)},
+  const compare::BisectResult r = bisect::bisect_impl_candidate(m, *cand, !inject.empty(), bo);
+  const double total = seconds_since(start);
+  json j = {{"seconds", total},
+            {"plain_forward_seconds", plain_s},
             {"phases", phases},
             {"compared", r.global.tensors.size()},
             {"diverging", r.global.failing()},
             {"local_sites", r.local.sites.size()},
             {"local_failing", r.local.failing()},
+            {"localised_at", r.localised_at().value_or("")},
+            {"diagnosis", r.diagnosis.bug ? r.diagnosis.bug->str() : ""},
             {"exit_code", r.exit_code()}};
+  if (!inject.empty()) j["injected"] = inject.front();
   return j.dump();
 }
 
@@ -316,6 +338,27 @@ void print_engine_table(const json& rows) {
   }
 }
 
+// One pipeline run of --e2e or --bisect: its phases, total, peak RSS and verdict.
+void print_pipeline(const json& r, const std::string& title) {
+  std::printf("\n%s\n", title.c_str());
+  if (r.contains("error")) {
+    std::printf("  error: %s\n", r["error"].get<std::string>().c_str());
+    return;
+  }
+  for (const auto& p : r["phases"])
+    std::printf("  %-40s %7.2f s\n", p["phase"].get<std::string>().c_str(), p["seconds"].get<double>());
+  const double total = r["seconds"].get<double>(), plain = r["plain_forward_seconds"].get<double>();
+  std::printf("  total %.2f s (%.1fx the plain impl forward of the same calls, %.2f s), peak RSS %.2f GB\n", total,
+              plain > 0 ? total / plain : 0.0, plain, double(r["peak_rss_bytes"].get<int64_t>()) * 1e-9);
+  std::printf("  %zu names compared, %zu diverging; %zu local sites, %zu failing; exit code %d\n",
+              r["compared"].get<size_t>(), r["diverging"].get<size_t>(), r["local_sites"].get<size_t>(),
+              r["local_failing"].get<size_t>(), r["exit_code"].get<int>());
+  if (!r["localised_at"].get<std::string>().empty())
+    std::printf("  localised at %s; diagnosis: %s\n", r["localised_at"].get<std::string>().c_str(),
+                r["diagnosis"].get<std::string>().empty() ? "no bug of the zoo fits"
+                                                          : r["diagnosis"].get<std::string>().c_str());
+}
+
 void print_e2e(const json& e) {
   std::printf("\nend to end (`llmdiff run` equivalent: prompt %d + %d decode steps, every site, both engines):\n",
               e["prompt"].get<int>(), e["decode"].get<int>());
@@ -337,20 +380,8 @@ void print_e2e(const json& e) {
               e["first_divergence"].get<std::string>().empty() ? "" : ", first ",
               e["first_divergence"].get<std::string>().c_str());
   std::printf("  peak RSS %.2f GB\n", double(e["peak_rss_bytes"].get<int64_t>()) * 1e-9);
-  if (!e.contains("run")) return;
-  const json& r = e["run"];
-  std::printf("\n`llmdiff run` with its defaults (float64 noise floor, local errors, diagnosis), same forward calls:\n");
-  if (r.contains("error")) {
-    std::printf("  error: %s\n", r["error"].get<std::string>().c_str());
-    return;
-  }
-  for (const auto& p : r["phases"])
-    std::printf("  %-40s %7.2f s\n", p["phase"].get<std::string>().c_str(), p["seconds"].get<double>());
-  std::printf("  total %.2f s, peak RSS %.2f GB; %zu names compared, %zu diverging; %zu local sites, %zu failing; "
-              "exit code %d\n",
-              r["seconds"].get<double>(), double(r["peak_rss_bytes"].get<int64_t>()) * 1e-9,
-              r["compared"].get<size_t>(), r["diverging"].get<size_t>(), r["local_sites"].get<size_t>(),
-              r["local_failing"].get<size_t>(), r["exit_code"].get<int>());
+  if (e.contains("run"))
+    print_pipeline(e["run"], "`llmdiff run` with its defaults (float64 noise floor, local errors, diagnosis), same forward calls:");
 }
 
 int run_bench(const BenchCmdOptions& o) {
@@ -362,7 +393,9 @@ int run_bench(const BenchCmdOptions& o) {
   if (o.e2e_decode < 0) throw UsageError("bench: --e2e-decode must not be negative");
   std::vector<std::string> engines = split_list(o.engines);
   if (engines == std::vector<std::string>{"none"}) engines.clear();
-  if (engines.empty() && !o.e2e) throw UsageError("bench: --engines lists no engine (use ref, impl or ref,impl)");
+  if (engines.empty() && !o.e2e && o.bisect.empty())
+    throw UsageError("bench: --engines lists no engine (use ref, impl or ref,impl)");
+  if (!o.bisect.empty()) zoo::parse_bug(o.bisect);  // an unknown bug is a usage error before any work
   for (const auto& e : engines)
     if (e != "ref" && e != "impl") throw UsageError("bench: unknown engine '" + e + "' (use ref, impl or none)");
 
@@ -416,11 +449,20 @@ int run_bench(const BenchCmdOptions& o) {
     }
     e2e["peak_rss_bytes"] = out.maxrss_bytes;
     if (!o.json_out) std::fprintf(stderr, "bench: llmdiff run with its defaults ...\n");
-    const ChildOutcome full = run_in_child([&] { return bench_run_pipeline(o); });
+    const ChildOutcome full = run_in_child([&] { return bench_run_pipeline(o, {}); });
     json run = full.ok ? json::parse(full.output) : json{{"error", full.failure}};
     if (!full.ok) failed = true;
     run["peak_rss_bytes"] = full.maxrss_bytes;
     e2e["run"] = run;
+  }
+
+  json bis;
+  if (!o.bisect.empty()) {
+    if (!o.json_out) std::fprintf(stderr, "bench: bisect of an impl candidate with %s ...\n", o.bisect.c_str());
+    const ChildOutcome out = run_in_child([&] { return bench_run_pipeline(o, {o.bisect}); });
+    bis = out.ok ? json::parse(out.output) : json{{"error", out.failure}};
+    if (!out.ok) failed = true;
+    bis["peak_rss_bytes"] = out.maxrss_bytes;
   }
 
   if (!o.json_out) std::fprintf(stderr, "bench: measuring read bandwidth again ...\n");
@@ -464,6 +506,7 @@ int run_bench(const BenchCmdOptions& o) {
               {"bandwidth", {{"best_gbs", bw.best_gbs}, {"all_gbs", bw.all_gbs}, {"buffer_bytes", bw.buffer_bytes}}},
               {"engines", rows}};
     if (o.e2e) j["e2e"] = e2e;
+    if (!o.bisect.empty()) j["bisect"] = bis;
     std::printf("%s\n", j.dump(2).c_str());
     return failed ? 2 : 0;
   }
@@ -485,6 +528,10 @@ int run_bench(const BenchCmdOptions& o) {
     print_engine_table(rows);
   }
   if (o.e2e) print_e2e(e2e);
+  if (!o.bisect.empty())
+    print_pipeline(bis, "`llmdiff run --inject " + o.bisect + "` (bisect of a candidate with the bug: noise floor, local "
+                        "errors, diagnosis), prompt " + std::to_string(o.prompt) + " + " + std::to_string(o.e2e_decode) +
+                        " decode steps:");
   return failed ? 2 : 0;
 }
 
@@ -509,7 +556,10 @@ void setup_bench(CLI::App& app, Action& action) {
   sub->add_flag("--e2e", opt->e2e,
                 "Also time the debugger end to end: both engines dumping every site, the dumps written and diffed, "
                 "then `llmdiff run` with its defaults, phase by phase");
-  sub->add_option("--e2e-decode", opt->e2e_decode, "Decode steps of the end-to-end run")->capture_default_str();
+  sub->add_option("--e2e-decode", opt->e2e_decode, "Decode steps of the end-to-end and --bisect runs")->capture_default_str();
+  sub->add_option("--bisect", opt->bisect,
+                  "Also time the bisection of an impl candidate with this zoo bug (phases, peak RSS, ratio to the "
+                  "plain impl forward; with --engines none, only that)");
   sub->add_option("--e2e-dir", opt->e2e_dir, "Keep the end-to-end dumps here (default: a temporary directory)");
   sub->callback([opt, &action] { action = [opt] { return run_bench(*opt); }; });
 }

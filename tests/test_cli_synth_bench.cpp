@@ -132,3 +132,46 @@ TEST(CliSynthBench, CommandReportsBothEnginesAndTheEndToEndDiff) {
   EXPECT_LE(sum, full["seconds"].get<double>() + 1e-6);
   EXPECT_GT(full["peak_rss_bytes"].get<int64_t>(), 0);
 }
+
+// bench --bisect: the bisection of an impl candidate with a zoo bug, timed
+// phase by phase against the plain impl forward, localised and named.
+TEST(CliSynthBench, BisectOfAnInjectedBugIsTimedLocalisedAndNamed) {
+  const std::string dir = llmdiff::testing::temp_path("bench_bisect_tiny_llama");
+  struct Cleanup {
+    std::string path;
+    ~Cleanup() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  } cleanup{dir};
+  SynthOptions so;
+  so.config_json = synth_preset_config("tiny-llama");
+  so.dtype = DType::BF16;
+  so.seed = 4;
+  write_synth_checkpoint(dir, so);
+  const llmdiff::testing::CliRun run =
+      llmdiff::testing::run_cli({"bench", "--model", dir, "--prompt", "10", "--engines", "none", "--bandwidth-mib",
+                                 "16", "--e2e-decode", "2", "--bisect", "rope-interleaved", "--json"});
+  ASSERT_EQ(run.code, 0) << run.out << run.error;
+  const auto j = nlohmann::json::parse(run.out);
+  EXPECT_TRUE(j["engines"].empty());
+  const auto& b = j["bisect"];
+  ASSERT_FALSE(b.contains("error")) << b.dump();
+  EXPECT_EQ(b["injected"], "rope-interleaved");
+  EXPECT_EQ(b["exit_code"].get<int>(), 1);
+  EXPECT_EQ(b["localised_at"], "step0.layers.0.attn.q_rope");
+  EXPECT_EQ(b["diagnosis"], "rope-interleaved");
+  EXPECT_GT(b["plain_forward_seconds"].get<double>(), 0.0);
+  EXPECT_GT(b["peak_rss_bytes"].get<int64_t>(), 0);
+  double sum = 0;
+  bool diagnosed = false;
+  for (const auto& p : b["phases"]) {
+    sum += p["seconds"].get<double>();
+    diagnosed = diagnosed || p["phase"] == "diagnosis";
+  }
+  EXPECT_TRUE(diagnosed);
+  EXPECT_LE(sum, b["seconds"].get<double>() + 1e-6);
+  // An unknown bug is a usage error before any work.
+  EXPECT_EQ(llmdiff::testing::run_cli({"bench", "--model", dir, "--bisect", "no-such-bug"}).code, 2);
+}
+
