@@ -7,6 +7,8 @@
 #include <sstream>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "cli/commands.h"
 #include "synth/synth.h"
 #include "dumps/errors.h"
@@ -27,6 +29,7 @@ struct SynthCmdOptions {
   int threads = 0;              // 0: all cores
   bool list = false;            // --list-presets
   bool force = false;           // --force: replace a checkpoint synth did not write
+  int layers = 0;               // --layers N: override num_hidden_layers (0: the config's)
 };
 
 std::string read_text(const std::string& path) {
@@ -70,6 +73,15 @@ int run_synth(const SynthCmdOptions& o) {
     so.config_json = read_text(path);
     so.config_source = path;
   }
+  if (o.layers > 0) {
+    // The same shapes with fewer (or more) decoder layers: real-size layers
+    // of a model too large to write whole.
+    nlohmann::json cj = nlohmann::json::parse(so.config_json);
+    cj["num_hidden_layers"] = o.layers;
+    if (cj.contains("max_window_layers")) cj["max_window_layers"] = o.layers;
+    so.config_json = cj.dump(2);
+    so.config_source += " with " + std::to_string(o.layers) + " layers";
+  }
   const ModelConfig given = parse_config(so.config_json, so.config_source);
   so.dtype = parse_storage_dtype(o.dtype.empty() ? given.torch_dtype : o.dtype);
   so.seed = o.seed;
@@ -109,6 +121,10 @@ void setup_synth(CLI::App& app, Action& action) {
                   "model-0000k-of-0000n.safetensors + model.safetensors.index.json")
       ->capture_default_str();
   sub->add_option("--threads", opt->threads, "Generator threads (0: all cores)")->capture_default_str();
+  sub->add_option("--layers", opt->layers,
+                  "Decoder layers to write instead of the config's (real-size layers of a model too large to write "
+                  "whole, e.g. --preset llama-3.1-70b --layers 2)")
+      ->check(CLI::PositiveNumber);
   sub->add_flag("--list-presets", opt->list, "List the presets and exit");
   sub->add_flag("--force", opt->force, "Replace a checkpoint in --out that synth did not write");
   sub->callback([opt, &action] { action = [opt] { return run_synth(*opt); }; });

@@ -230,6 +230,22 @@ TEST(CliSynth, ShardedCheckpointLoadsThroughTheIndex) {
     EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
 }
 
+TEST(CliSynth, LayersOptionKeepsTheShapesWithFewerLayers) {
+  // Llama-3.1-70B as published: 70,553,706,496 parameters.
+  const ModelConfig l70 = parse_config(synth_preset_config("llama-3.1-70b"), "llama-3.1-70b");
+  EXPECT_EQ(plan_params(l70), 70553706496u);
+  const ScratchDir dir("synth_layers");
+  EXPECT_EQ(run_synth_command({"--preset", "tiny-llama", "--layers", "1", "--out", dir}), 0);
+  const Model m = Model::load(dir);
+  const ModelConfig full = parse_config(synth_preset_config("tiny-llama"), "tiny-llama");
+  EXPECT_EQ(m.config.num_hidden_layers, 1);
+  EXPECT_EQ(m.weights->layers.size(), 1u);
+  EXPECT_EQ(m.config.hidden_size, full.hidden_size);
+  EXPECT_EQ(m.config.intermediate_size, full.intermediate_size);
+  EXPECT_EQ(m.config.vocab_size, full.vocab_size);
+  EXPECT_ANY_THROW(run_synth_command({"--preset", "tiny-llama", "--layers", "0", "--out", dir}));
+}
+
 TEST(CliSynth, CommandTakesAUserConfig) {
   // The golden llama3 config (rope scaling, tied, MQA) as --config, stored as f16.
   const ScratchDir dir("synth_cmd");
