@@ -70,6 +70,11 @@ class SelectiveDump : public MemoryDump {
 
 }  // namespace
 
+// Converted weights a layer-major pass holds at once: a whole layer up to 8B
+// shapes in float64 (1.75 GB), a matrix or two of a 70B layer (its largest
+// is 1.9 GB in float64; never less than that).
+constexpr int64_t kWeightBudget = int64_t(2) << 30;
+
 // ---------------------------------------------------------------------------
 // RefRunner
 
@@ -105,7 +110,7 @@ std::unique_ptr<MemoryDump> RefRunner::run(const Scenario& sc, ComputeDType dtyp
   // the candidate's dtype each call has its own, as HF runs them (the same
   // numbers as the engine, bit for bit).
   ref::check_model(model_.config, *model_.weights);
-  ref::LayerByLayerWeights w(*model_.weights, ops::torch_dtype(dtype), /*slots=*/1);
+  ref::LayerByLayerWeights w(*model_.weights, ops::torch_dtype(dtype), kWeightBudget);
   ref::GraphOptions go;
   go.batch_steps = dtype == ComputeDType::Float64;
   ref::Graph graph(model_.config, w, go);
@@ -237,7 +242,7 @@ std::unique_ptr<compare::Recomputed> RefLocalOracle::recompute(const TensorSourc
   go.batch_steps = true;
   if (h) go.faults = variant_of(*h, cfg);
   ref::use_threads(threads_, dtype);
-  ref::LayerByLayerWeights w(*model_.weights, ops::torch_dtype(dtype), /*slots=*/1);
+  ref::LayerByLayerWeights w(*model_.weights, ops::torch_dtype(dtype), kWeightBudget);
   ref::Graph graph(cfg, w, go, &dump);
   try {
     graph.run(dump.names(), out->values, &out->source);

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 #include "dumps/engine.h"
 #include "dumps/errors.h"
@@ -196,16 +197,24 @@ void Graph::run(const std::vector<std::string>& names, Observer& out, std::map<s
       return 2;
     return 0;
   };
-  std::vector<std::pair<std::pair<int, int>, std::string>> order;
+  // Inside a layer, site by site over the steps (each step's q, then each
+  // step's k, ...): each weight matrix is then used for every call before the
+  // next one is converted.
+  auto layer_rank = [](const CanonName& c) {
+    if (c.kind != CanonName::Kind::Layer) return 0;
+    const auto& sites = layer_sites();
+    return int(std::find(sites.begin(), sites.end(), c.site) - sites.begin());
+  };
+  std::vector<std::pair<std::tuple<int, int, int>, std::string>> order;
   for (const auto& n : names) {
     CanonName c = parse_name(n);
-    order.push_back({{phase(c), c.kind == CanonName::Kind::Layer ? c.layer : 0}, n});
+    order.push_back({{phase(c), c.kind == CanonName::Kind::Layer ? c.layer : 0, layer_rank(c)}, n});
   }
   std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   int reached = -1;
   for (const auto& [key, name] : order) {
-    if (key.first == 1 && key.second > reached) {
-      reached = key.second;
+    if (std::get<0>(key) == 1 && std::get<1>(key) > reached) {
+      reached = std::get<1>(key);
       forget_layers_before(reached - 1, keep_caches);
     }
     const Value* v = compute(name);
@@ -480,12 +489,12 @@ Graph::Value Graph::compute_uncached(const CanonName& c) {
   // LlamaDecoderLayer.forward
   if (c.kind != CanonName::Kind::Layer || c.layer < 0 || c.layer >= int64_t(w_.num_layers())) return v;
   const int l = c.layer;
-  const LayerTensors L = w_.layer(l);  // handles: the slot stays intact while they live
+  auto W = [&](LayerWeight which) { return w_.weight(l, which); };  // converted as needed
   const std::string& site = c.site;
   auto here = [&](const std::string& x) { return input(layer_name(s, l, x), v); };
   auto at_layer = [l](int k, const std::string& x) { return layer_name(k, l, x); };
-  auto project = [&](const std::string& in, const torch::Tensor& W, const torch::Tensor& b) {
-    return batched_linear(s, at_layer, in, site, [&](const torch::Tensor& x) { return ops::linear(x, W, b); });
+  auto project = [&](const std::string& in, const torch::Tensor& w, const torch::Tensor& b) {
+    return batched_linear(s, at_layer, in, site, [&](const torch::Tensor& x) { return ops::linear(x, w, b); });
   };
   auto layer_input = [&]() {
     return l == 0 ? input(step_name(s, "embed"), v) : input(layer_name(s, l - 1, "out"), v);  // [T, D]
@@ -506,19 +515,22 @@ Graph::Value Graph::compute_uncached(const CanonName& c) {
   const bool qk_late = qk && f.qk_norm_after_rope;
 
   if (site == "attn_norm") {  // input_layernorm
-    v.t = ops::rms_norm(layer_input(), L.input_norm, eps);  // [T, D]
+    v.t = ops::rms_norm(layer_input(), W(&LayerWeights::input_norm), eps);  // [T, D]
   } else if (site == "attn.q" || site == "attn.k" || site == "attn.v") {  // q_proj / k_proj / v_proj
     const char p = site.back();
-    const torch::Tensor& W = p == 'q' ? L.q : p == 'k' ? L.k : L.v;
-    const torch::Tensor& b = !cfg_.qkv_bias ? torch::Tensor() : p == 'q' ? L.q_bias : p == 'k' ? L.k_bias : L.v_bias;
-    return project("attn_norm", W, b);  // [T, H*Dh]
+    const torch::Tensor w = W(p == 'q' ? &LayerWeights::q : p == 'k' ? &LayerWeights::k : &LayerWeights::v);
+    const torch::Tensor b = !cfg_.qkv_bias ? torch::Tensor()
+                                           : W(p == 'q'   ? &LayerWeights::q_bias
+                                               : p == 'k' ? &LayerWeights::k_bias
+                                                          : &LayerWeights::v_bias);
+    return project("attn_norm", w, b);  // [T, H*Dh]
   } else if (site == "attn.q_norm" || site == "attn.k_norm") {  // Qwen3Attention: per head, before the transpose
     if (!qk) return v;
     const bool is_q = site == "attn.q_norm";
     const int64_t H = is_q ? Hq : Hkv;
     torch::Tensor x = here(is_q ? "attn.q" : "attn.k").view({t, H, Dh});             // [T, H, Dh]
     if (qk_late) x = rope(x.transpose(0, 1)).transpose(0, 1);                       // [T, H, Dh]
-    v.t = ops::rms_norm(x, is_q ? L.q_norm : L.k_norm, eps).reshape({t, H * Dh});   // [T, H*Dh]
+    v.t = ops::rms_norm(x, W(is_q ? &LayerWeights::q_norm : &LayerWeights::k_norm), eps).reshape({t, H * Dh});   // [T, H*Dh]
   } else if (site == "attn.q_rope" || site == "attn.k_rope") {  // apply_rotary_pos_emb
     const bool is_q = site == "attn.q_rope";
     const int64_t H = is_q ? Hq : Hkv;
@@ -546,20 +558,20 @@ Graph::Value Graph::compute_uncached(const CanonName& c) {
   } else if (site == "attn.ctx") {  // probs @ v, heads merged
     v.t = ops::attn_ctx(here("attn.probs"), here("attn.v_rep"));  // [T, Hq*Dh]
   } else if (site == "attn.out") {  // o_proj
-    return project("attn.ctx", L.o, cfg_.o_bias ? L.o_bias : torch::Tensor());  // [T, D]
+    return project("attn.ctx", W(&LayerWeights::o), cfg_.o_bias ? W(&LayerWeights::o_bias) : torch::Tensor());  // [T, D]
   } else if (site == "attn_residual") {  // residual + hidden_states
     v.t = layer_input() + here("attn.out");  // [T, D]
   } else if (site == "mlp_norm") {  // post_attention_layernorm
-    v.t = ops::rms_norm(here("attn_residual"), L.post_attn_norm, eps);  // [T, D]
+    v.t = ops::rms_norm(here("attn_residual"), W(&LayerWeights::post_attn_norm), eps);  // [T, D]
   } else if (site == "mlp.gate") {  // LlamaMLP.gate_proj
-    return project("mlp_norm", L.gate, {});  // [T, F]
+    return project("mlp_norm", W(&LayerWeights::gate), {});  // [T, F]
   } else if (site == "mlp.up") {  // up_proj
-    return project("mlp_norm", L.up, {});  // [T, F]
+    return project("mlp_norm", W(&LayerWeights::up), {});  // [T, F]
   } else if (site == "mlp.act") {  // act_fn(gate) * up
     torch::Tensor g = here("mlp.gate"), u = here("mlp.up");
     v.t = f.gate_up_swap ? ops::swiglu(u, g) : ops::swiglu(g, u);  // [T, F]
   } else if (site == "mlp.down") {  // down_proj
-    return project("mlp.act", L.down, {});  // [T, D]
+    return project("mlp.act", W(&LayerWeights::down), {});  // [T, D]
   } else if (site == "out") {  // residual + hidden_states
     v.t = here("attn_residual") + here("mlp.down");  // [T, D]
   }

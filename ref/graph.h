@@ -103,7 +103,8 @@ class Graph {
   std::vector<std::string> names(int first, int last) const;
 
   // Computes `names` (those it can) layer by layer, each layer for every step
-  // (a layer reads the layer before and its own earlier steps), and reports
+  // (a layer reads the layer before and its own earlier steps), site by site
+  // within a layer, and reports
   // each that `out` wants; `source`, when given, says what each was computed
   // from. The values of layers two below the one being computed are dropped
   // as it goes, but the KV caches of the last step when `keep_caches`.

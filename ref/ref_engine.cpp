@@ -31,7 +31,7 @@ class RefEngine : public Engine {
     const torch::ScalarType st = ops::torch_dtype(dtype_);
     // Every layer converted once, on its first call, and kept (weights whose
     // stored dtype is the compute dtype are used in place from the mmap).
-    weights_ = std::make_unique<LayerByLayerWeights>(*model_.weights, st, int(cfg_.num_hidden_layers));
+    weights_ = std::make_unique<LayerByLayerWeights>(*model_.weights, st, /*budget=*/0);
     // LlamaRotaryEmbedding.__init__: inv_freq from the config, seq_len unset.
     rope_ = std::make_unique<RopeState>(cfg_, st == torch::kDouble ? torch::kDouble : torch::kFloat);
     reset();

@@ -33,23 +33,10 @@ torch::Tensor weight_tensor(const WeightView& w, torch::ScalarType st) {
 
 namespace {
 
-// dst <- src converted, in place when dst is a buffer of the same shape that
-// only the slot holds, else into a new tensor. Large copies are split over
-// the cores (libtorch's own loop runs on one thread in the ref's setting).
-void refill(torch::Tensor& dst, const WeightView& src, torch::ScalarType st) {
-  if (!src) {
-    dst = torch::Tensor();
-    return;
-  }
-  torch::Tensor from = torch::from_blob(const_cast<void*>(src.data), src.shape,
-                                        torch::TensorOptions().dtype(stored_dtype(src)));
-  if (from.scalar_type() == st) {
-    dst = from;  // used in place from the mmap
-    return;
-  }
-  const bool reusable = dst.defined() && dst.scalar_type() == st && dst.sizes() == from.sizes() &&
-                        dst.use_count() == 1 && dst.storage().use_count() == 1;
-  if (!reusable) dst = torch::empty(from.sizes(), torch::TensorOptions().dtype(st));
+// dst <- src converted, dst a buffer of src's shape in the compute dtype.
+// Large copies are split over the cores (libtorch's own loop runs on one
+// thread in the ref's setting).
+void convert_into(torch::Tensor& dst, const torch::Tensor& from) {
   const int64_t rows = from.dim() > 0 ? from.size(0) : 1;
   const int64_t workers = std::min<int64_t>(std::max(1u, std::thread::hardware_concurrency()), rows);
   if (workers <= 1 || from.numel() < (int64_t(1) << 20)) {
@@ -77,10 +64,57 @@ torch::Tensor stored_tensor(const WeightView& v) {
 
 }  // namespace
 
-LayerByLayerWeights::LayerByLayerWeights(const ModelWeights& w, torch::ScalarType st, int slots, int64_t whole_limit)
-    : w_(w), st_(st), whole_limit_(whole_limit), slots_(size_t(std::max(1, slots))) {
+LayerByLayerWeights::LayerByLayerWeights(const ModelWeights& w, torch::ScalarType st, int64_t budget,
+                                         int64_t whole_limit)
+    : w_(w), st_(st), budget_(budget), whole_limit_(whole_limit) {
   torch::NoGradGuard no_grad;
   final_norm = weight_tensor(w.final_norm, st);
+}
+
+torch::Tensor LayerByLayerWeights::weight(int l, LayerWeight which) {
+  if (l < 0 || size_t(l) >= w_.layers.size())
+    throw UsageError("layer " + std::to_string(l) + " out of range (" + std::to_string(w_.layers.size()) + " layers)");
+  const WeightView& v = w_.layers[size_t(l)].*which;
+  if (!v) return {};
+  ++clock_;
+  for (Entry& e : held_)
+    if (e.layer == l && e.which == which) {
+      e.used = clock_;
+      return e.t;
+    }
+  torch::NoGradGuard no_grad;
+  const bool in_place = stored_dtype(v) == st_;
+  const int64_t bytes = v.numel() * int64_t(c10::elementSize(st_));
+  // Make room, least recently used first.
+  torch::Tensor reuse;
+  while (budget_ > 0 && !held_.empty() && held_bytes_ + bytes > budget_) {
+    auto lru = std::min_element(held_.begin(), held_.end(), [](const Entry& a, const Entry& b) { return a.used < b.used; });
+    if (lru->in_place) {
+      release(w_.layers[size_t(lru->layer)].*(lru->which));
+    } else if (!in_place && !reuse.defined() && lru->t.sizes() == c10::IntArrayRef(v.shape) &&
+               lru->t.use_count() == 1 && lru->t.storage().use_count() == 1) {
+      reuse = std::move(lru->t);  // nobody else holds it: its pages are reused
+    }
+    held_bytes_ -= lru->bytes;
+    held_.erase(lru);
+  }
+  Entry e;
+  e.layer = l;
+  e.which = which;
+  e.bytes = bytes;
+  e.used = clock_;
+  e.in_place = in_place;
+  if (in_place) {
+    e.t = stored_tensor(v);
+  } else {
+    e.t = reuse.defined() ? reuse : torch::empty(v.shape, torch::TensorOptions().dtype(st_));
+    convert_into(e.t, stored_tensor(v));
+    release(v);  // converted: the stored bytes are not needed any more
+    ++conversions_;
+  }
+  held_bytes_ += bytes;
+  held_.push_back(e);
+  return e.t;
 }
 
 torch::Tensor LayerByLayerWeights::whole(const WeightView& v, torch::Tensor& cache) {
@@ -119,47 +153,6 @@ torch::Tensor LayerByLayerWeights::head(const torch::Tensor& x, bool embed_matri
     release_pages(static_cast<const uint8_t*>(v.data) + size_t(r) * row_bytes, size_t(n) * row_bytes);
   }
   return torch::cat(parts, -1);  // [T, V]
-}
-
-LayerTensors LayerByLayerWeights::layer(int l) {
-  if (l < 0 || size_t(l) >= w_.layers.size())
-    throw UsageError("layer " + std::to_string(l) + " out of range (" + std::to_string(w_.layers.size()) + " layers)");
-  ++clock_;
-  Slot* slot = nullptr;
-  for (Slot& s : slots_)
-    if (s.layer == l) slot = &s;
-  if (!slot) {
-    // The least recently used slot takes the layer.
-    slot = &slots_[0];
-    for (Slot& s : slots_)
-      if (s.used < slot->used) slot = &s;
-    // A layer used in place from the mmap leaves its pages with its slot.
-    if (slot->layer >= 0 && slot->in_place) w_.release_layer(slot->layer);
-    torch::NoGradGuard no_grad;
-    const LayerWeights& lw = w_.layers[size_t(l)];
-    LayerTensors& L = slot->w;
-    refill(L.input_norm, lw.input_norm, st_);
-    refill(L.post_attn_norm, lw.post_attn_norm, st_);
-    refill(L.q, lw.q, st_);
-    refill(L.k, lw.k, st_);
-    refill(L.v, lw.v, st_);
-    refill(L.o, lw.o, st_);
-    refill(L.q_bias, lw.q_bias, st_);
-    refill(L.k_bias, lw.k_bias, st_);
-    refill(L.v_bias, lw.v_bias, st_);
-    refill(L.o_bias, lw.o_bias, st_);
-    refill(L.q_norm, lw.q_norm, st_);
-    refill(L.k_norm, lw.k_norm, st_);
-    refill(L.gate, lw.gate, st_);
-    refill(L.up, lw.up, st_);
-    refill(L.down, lw.down, st_);
-    slot->layer = l;
-    slot->in_place = stored_dtype(lw.q) == st_;
-    if (!slot->in_place) w_.release_layer(l);  // converted: the stored bytes are not needed any more
-    ++conversions_;
-  }
-  slot->used = clock_;
-  return slot->w;
 }
 
 }  // namespace llmdiff::ref

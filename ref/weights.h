@@ -15,39 +15,37 @@ namespace llmdiff::ref {
 // F32, BF16 or F16.
 torch::Tensor weight_tensor(const WeightView& w, torch::ScalarType st);
 
-// One decoder layer's weights as tensors of the compute dtype. Absent
-// optional weights stay undefined.
-struct LayerTensors {
-  torch::Tensor input_norm, post_attn_norm;      // [D]
-  torch::Tensor q, k, v, o;                      // [Hq*Dh, D], [Hkv*Dh, D] x2, [D, Hq*Dh]
-  torch::Tensor q_bias, k_bias, v_bias, o_bias;  // undefined when absent
-  torch::Tensor q_norm, k_norm;                  // [Dh], Qwen3 only
-  torch::Tensor gate, up, down;                  // [F, D], [F, D], [D, F]
-};
+// One weight of a decoder layer: &LayerWeights::q, &LayerWeights::gate, ...
+using LayerWeight = WeightView LayerWeights::*;
 
-// A checkpoint's weights for the decoder graph (ref/graph.h), which goes
-// layer by layer: the embedding, final norm and lm_head converted once, the
-// layers on demand into `slots` reused slots (a layer-major pass needs two;
-// the step-by-step engine one per layer). Tensors may alias the checkpoint's
-// mmap (stored in the compute dtype): the ModelWeights must outlive them. A
-// 1B model is 8.8 GB in float64; two of its layers, 0.8 GB. A slot's buffers are
-// overwritten in place only when nobody else holds them (a Layer returned by
-// layer() keeps its tensors alive and intact).
+// A checkpoint's weights for the decoder graph (ref/graph.h), converted to
+// the compute dtype as the graph asks for them, a matrix at a time.
+// Tensors may alias the checkpoint's mmap (stored in the compute dtype): the
+// ModelWeights must outlive them.
 //
-// Memory stays bounded by what a pass needs, not by the checkpoint: the
-// mmapped pages of a layer are handed back to the kernel once the layer is
-// converted (or, used in place, once its slot takes another layer); the
-// embedding is read row by row (only the tokens' rows are converted); an
-// lm_head whose converted copy would pass `whole_limit` bytes is converted
-// and applied a block of vocabulary rows at a time, for each call.
+// Memory stays bounded by what a pass needs, not by the checkpoint:
+//  - layer weights are held within `budget` bytes (0: all kept, as the
+//    step-by-step engine needs); the least recently used go first, and a
+//    converted buffer of the shape wanted that nobody else holds is reused
+//    (no fresh pages to zero). A held tensor keeps its values. A pass that
+//    goes layer by layer, site by site, converts each matrix once: an 8B
+//    layer is 1.75 GB in float64, a 70B layer 6.9 GB, its largest matrix
+//    1.9 GB;
+//  - the mapped pages of a weight are handed back to the kernel once it is
+//    converted (or, used in place, once it leaves the budget);
+//  - the embedding is read row by row (only the tokens' rows are converted);
+//    an lm_head whose converted copy would pass `whole_limit` bytes is
+//    converted and applied a block of vocabulary rows at a time, each call.
 class LayerByLayerWeights {
  public:
-  LayerByLayerWeights(const ModelWeights& w, torch::ScalarType st, int slots = 2,
+  LayerByLayerWeights(const ModelWeights& w, torch::ScalarType st, int64_t budget = 0,
                       int64_t whole_limit = int64_t(256) << 20);
   torch::ScalarType st() const { return st_; }
   size_t num_layers() const { return w_.layers.size(); }
-  LayerTensors layer(int l);  // tensor handles (cheap to copy)
-  int64_t conversions() const { return conversions_; }  // layers converted so far
+  // The weight of layer `l` (undefined when the checkpoint lacks an optional
+  // one). Throws UsageError for a layer out of range.
+  torch::Tensor weight(int l, LayerWeight which);
+  int64_t conversions() const { return conversions_; }  // matrices converted so far
   torch::Tensor final_norm;  // [D]
 
   // nn.Embedding: rows `ids` [T] (int64) of the table -> [T, D].
@@ -57,20 +55,21 @@ class LayerByLayerWeights {
   torch::Tensor head(const torch::Tensor& x, bool embed_matrix = false);
 
  private:
-  struct Slot {
+  struct Entry {
     int layer = -1;
-    int64_t used = 0;
+    LayerWeight which = nullptr;
+    torch::Tensor t;
+    int64_t bytes = 0, used = 0;
     bool in_place = false;
-    LayerTensors w;
   };
   // The [V, D] matrix `v` as a whole tensor of st_ (in place, or converted
   // once when at most whole_limit_ bytes); undefined: apply it by blocks.
   torch::Tensor whole(const WeightView& v, torch::Tensor& cache);
   const ModelWeights& w_;
   torch::ScalarType st_;
-  int64_t whole_limit_;
-  std::vector<Slot> slots_;
-  int64_t clock_ = 0, conversions_ = 0;
+  int64_t budget_, whole_limit_;
+  std::vector<Entry> held_;
+  int64_t held_bytes_ = 0, clock_ = 0, conversions_ = 0;
   torch::Tensor embed_whole_, head_whole_;
 };
 

@@ -212,13 +212,16 @@ TEST(RefEngineInfo, ProducerAndDtype) {
 
 // Layer-by-layer weights: each layer as the whole conversion has it, slots
 // reused in place only when nobody holds their tensors.
-TEST(RefLayerByLayerWeights, SameValuesAsEachWeightConvertedAloneAndSlotsReusedSafely) {
+TEST(RefLayerByLayerWeights, SameValuesAsEachWeightConvertedAloneAndBuffersReusedSafely) {
   for (const std::string m : {"llama-gqa", "llama-mha-bf16"}) {
     SCOPED_TRACE(m);
     Model model = Model::load(golden_model(m));
     ASSERT_GE(model.weights->layers.size(), 2u);
-    ref::LayerByLayerWeights lw(*model.weights, torch::kDouble, /*slots=*/1);
+    const LayerWeights& L0 = model.weights->layers[0];
     auto whole = [&](const WeightView& w) { return ref::weight_tensor(w, torch::kDouble); };
+    // Room for one q matrix at a time.
+    const int64_t q_bytes = L0.q.numel() * 8;
+    ref::LayerByLayerWeights lw(*model.weights, torch::kDouble, /*budget=*/q_bytes);
     const torch::Tensor ids = torch::tensor(std::vector<int64_t>{3, 0, 7, 3}, torch::kLong);
     const torch::Tensor embed = whole(model.weights->embed);
     const torch::Tensor head = whole(model.weights->lm_head_tied ? model.weights->embed : model.weights->lm_head);
@@ -227,38 +230,42 @@ TEST(RefLayerByLayerWeights, SameValuesAsEachWeightConvertedAloneAndSlotsReusedS
     EXPECT_TRUE(torch::allclose(lw.head(x), torch::matmul(x, head.t()), 1e-12, 1e-12));
     // An lm_head over the size limit is applied a block of rows at a time: the same
     // numbers up to the product's rounding (BLAS blocks a narrower product otherwise).
-    ref::LayerByLayerWeights blocks(*model.weights, torch::kDouble, 1, /*whole_limit=*/embed.size(1) * 8 * 5);
+    ref::LayerByLayerWeights blocks(*model.weights, torch::kDouble, 0, /*whole_limit=*/embed.size(1) * 8 * 5);
     EXPECT_TRUE(torch::allclose(blocks.head(x), lw.head(x), 1e-12, 1e-12));
     EXPECT_TRUE(torch::equal(blocks.embed_rows(ids), lw.embed_rows(ids)));
     EXPECT_TRUE(torch::allclose(blocks.head(x, /*embed_matrix=*/true), torch::matmul(x, embed.t()), 1e-12, 1e-12));
-    auto same = [&](const ref::LayerTensors& a, size_t layer) {
-      const LayerWeights& b = model.weights->layers[layer];
-      return torch::equal(a.q, whole(b.q)) && torch::equal(a.k, whole(b.k)) && torch::equal(a.v, whole(b.v)) &&
-             torch::equal(a.o, whole(b.o)) && torch::equal(a.gate, whole(b.gate)) && torch::equal(a.up, whole(b.up)) &&
-             torch::equal(a.down, whole(b.down)) && torch::equal(a.input_norm, whole(b.input_norm)) &&
-             torch::equal(a.post_attn_norm, whole(b.post_attn_norm));
-    };
-    const void* slot_buffer = nullptr;
+    // Every weight of a layer as converting it alone gives.
+    for (int l = 0; l < 2; ++l)
+      for (ref::LayerWeight which : {&LayerWeights::q, &LayerWeights::k, &LayerWeights::v, &LayerWeights::o,
+                                &LayerWeights::gate, &LayerWeights::up, &LayerWeights::down, &LayerWeights::input_norm,
+                                &LayerWeights::post_attn_norm})
+        EXPECT_TRUE(torch::equal(lw.weight(l, which), whole(model.weights->layers[size_t(l)].*which)));
+    const int64_t after_all = lw.conversions();
+    EXPECT_EQ(after_all, 18);
+    const void* buffer = nullptr;
     {
-      ref::LayerTensors l0 = lw.layer(0);
-      EXPECT_EQ(l0.q.scalar_type(), torch::kDouble);
-      EXPECT_TRUE(same(l0, 0));
-      slot_buffer = l0.q.data_ptr();
+      const torch::Tensor q0 = lw.weight(0, &LayerWeights::q);
+      EXPECT_EQ(q0.scalar_type(), torch::kDouble);
+      buffer = q0.data_ptr();
     }
-    // Nobody holds layer 0: layer 1 is converted into the same buffers.
-    ref::LayerTensors l1 = lw.layer(1);
-    EXPECT_TRUE(same(l1, 1));
-    EXPECT_EQ(l1.q.data_ptr(), slot_buffer);
-    EXPECT_EQ(lw.conversions(), 2);
-    // A layer still held keeps its values when the slot takes another one.
-    ref::LayerTensors again0 = lw.layer(0);
-    EXPECT_TRUE(same(again0, 0));
-    EXPECT_NE(again0.q.data_ptr(), l1.q.data_ptr());
-    EXPECT_TRUE(same(l1, 1));
-    // A hit converts nothing.
-    lw.layer(0);
-    EXPECT_EQ(lw.conversions(), 3);
-    EXPECT_THROW(lw.layer(int(model.weights->layers.size())), Error);
+    // Nobody holds layer 0's q: layer 1's q is converted into its buffer.
+    const torch::Tensor q1 = lw.weight(1, &LayerWeights::q);
+    EXPECT_TRUE(torch::equal(q1, whole(model.weights->layers[1].q)));
+    EXPECT_EQ(q1.data_ptr(), buffer);
+    // A weight still held keeps its values when another takes its place.
+    const torch::Tensor again0 = lw.weight(0, &LayerWeights::q);
+    EXPECT_TRUE(torch::equal(again0, whole(L0.q)));
+    EXPECT_NE(again0.data_ptr(), q1.data_ptr());
+    EXPECT_TRUE(torch::equal(q1, whole(model.weights->layers[1].q)));
+    // A hit converts nothing; without a budget every weight stays.
+    lw.weight(0, &LayerWeights::q);
+    EXPECT_EQ(lw.conversions(), after_all + 3);
+    ref::LayerByLayerWeights all(*model.weights, torch::kDouble);
+    all.weight(0, &LayerWeights::q);
+    all.weight(1, &LayerWeights::q);
+    all.weight(0, &LayerWeights::q);
+    EXPECT_EQ(all.conversions(), 2);
+    EXPECT_THROW(lw.weight(int(model.weights->layers.size()), &LayerWeights::q), Error);
   }
 }
 
