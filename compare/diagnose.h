@@ -3,9 +3,10 @@
 // wrong by itself (local errors, teacher forcing), and which bug of the zoo
 // the evidence supports.
 //
-// compare/ reaches the reference and the bug zoo only through the abstract
-// runners declared here; cli/oracle.cpp implements them with the libtorch
-// ref (ref/) and the plain C++ impl (impl/).
+// compare/ reaches the reference and the engines only through the abstract
+// runners declared here; bisect/pipeline.cpp implements them with the libtorch
+// ref (ref/) and the plain C++ impl (impl/). Which bug a fingerprint points at
+// is the zoo registry's word (dumps/bugs.h), not a name written here.
 //
 // Evidence for a hypothesis H comes from three places:
 //  - replay: the whole scenario re-run with H switched on; H is supported

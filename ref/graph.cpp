@@ -5,6 +5,8 @@
 // (Graph::compute_uncached) evaluated on demand.
 #include "ref/graph.h"
 
+#include <malloc.h>
+
 #include <torch/version.h>
 
 #include <algorithm>
@@ -216,6 +218,10 @@ void Graph::run(const std::vector<std::string>& names, Observer& out, std::map<s
     if (std::get<0>(key) == 1 && std::get<1>(key) > reached) {
       reached = std::get<1>(key);
       forget_layers_before(reached - 1, keep_caches);
+      // What the dropped layer freed goes back to the system: the heap would
+      // otherwise keep the pieces (under the mmap threshold) of every layer
+      // passed, and a deeper model would peak higher.
+      if (!keep_caches) malloc_trim(0);
     }
     const Value* v = compute(name);
     if (!v || !v->t.defined() || !out.wants(name)) continue;
