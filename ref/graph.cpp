@@ -208,9 +208,33 @@ void Graph::run(const std::vector<std::string>& names, Observer& out, std::map<s
     return int(std::find(sites.begin(), sites.end(), c.site) - sites.begin());
   };
   std::vector<std::pair<std::tuple<int, int, int>, std::string>> order;
+  std::set<int> steps_used;
+  int carry_to = -1;  // layers.l.out for l < carry_to is read by what is asked
   for (const auto& n : names) {
     CanonName c = parse_name(n);
     order.push_back({{phase(c), c.kind == CanonName::Kind::Layer ? c.layer : 0, layer_rank(c)}, n});
+    if (c.kind == CanonName::Kind::Layer) {
+      steps_used.insert(c.step);
+      carry_to = std::max(carry_to, c.layer);
+    } else if (phase(c) == 2) {
+      if (c.kind == CanonName::Kind::Generated)
+        for (int k = std::max(0, first_generating_); k < steps(); ++k) steps_used.insert(k);
+      else
+        steps_used.insert(c.step);
+      carry_to = int(cfg_.num_hidden_layers);
+    }
+  }
+  // The residual stream each layer hands to the next is computed while its
+  // layer is at hand: asked for or not, it must not be dropped with its layer
+  // and then rebuilt from the layers below (for every layer: quadratic).
+  const std::set<std::string> asked(names.begin(), names.end());
+  for (int st : steps_used) {
+    if (st < 0 || st >= steps()) continue;
+    for (int l = 0; l < carry_to && l < int(cfg_.num_hidden_layers); ++l) {
+      const std::string n = layer_name(st, l, "out");
+      if (asked.count(n) || (opt_.inputs == Inputs::Dump && dump_->has(n))) continue;
+      order.push_back({{1, l, int(layer_sites().size())}, n});
+    }
   }
   std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   int reached = -1;
@@ -218,13 +242,15 @@ void Graph::run(const std::vector<std::string>& names, Observer& out, std::map<s
     if (std::get<0>(key) == 1 && std::get<1>(key) > reached) {
       reached = std::get<1>(key);
       forget_layers_before(reached - 1, keep_caches);
-      // What the dropped layer freed goes back to the system: the heap would
-      // otherwise keep the pieces (under the mmap threshold) of every layer
-      // passed, and a deeper model would peak higher.
-      if (!keep_caches) malloc_trim(0);
+      // What the dropped layers freed goes back to the system once it adds
+      // up: the heap would otherwise keep the pieces (under the mmap
+      // threshold) of every layer passed, and a deeper model would peak
+      // higher. Not every layer: trimming returns pages the next layer would
+      // fault in (and the kernel zero) again.
+      if (!keep_caches && mallinfo2().fordblks > (size_t(512) << 20)) malloc_trim(0);
     }
     const Value* v = compute(name);
-    if (!v || !v->t.defined() || !out.wants(name)) continue;
+    if (!v || !v->t.defined() || !asked.count(name) || !out.wants(name)) continue;
     torch::Tensor t = v->t.contiguous();
     Shape shape(t.sizes().begin(), t.sizes().end());
     if (t.scalar_type() == torch::kLong) {

@@ -3,12 +3,15 @@
 // globs, TeeObserver, Manifest.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <filesystem>
 #include <numeric>
 
 #include "dumps/config.h"
 #include "dumps/dump.h"
 #include "dumps/engine.h"
 #include "dumps/errors.h"
+#include "dumps/weights.h"
 #include "tests/support.h"
 #include "tests/test_dumps_helpers.h"
 
@@ -337,6 +340,62 @@ TEST(MemoryDump, GoldenDumpSurvivesSaveAndReload) {
       EXPECT_EQ(std::memcmp(x.f.data(), y.f.data(), x.f.size() * 4), 0) << n;
     }
   }
+}
+
+// A spilled dump keeps its values in an unnamed temporary file: the same
+// names, shapes and values read back, nothing in memory, nothing left on disk.
+TEST(MemoryDump, SpilledTensorsReadBackAndLeaveNoFile) {
+  namespace fs = std::filesystem;
+  const std::string dir = temp_path("spill-dir");
+  fs::create_directories(dir);
+  DumpFile golden(golden_dump("llama-gqa", "decode"));
+  MemoryDump m("spilled");
+  m.spill(dir);
+  EXPECT_TRUE(m.spilling());
+  for (const auto& n : golden.names()) {
+    const TensorData t = golden.get(n);
+    if (t.is_int) m.on_i64(n, t.shape, t.i.data());
+    else m.on_f32(n, t.shape, t.f.data());
+  }
+  EXPECT_TRUE(fs::is_empty(dir)) << "the spill file has no name";
+  EXPECT_EQ(m.names(), golden.names());
+  for (const auto& n : golden.names()) {
+    EXPECT_EQ(m.find(n), nullptr) << n << " is held in memory";
+    EXPECT_EQ(m.shape(n), golden.shape(n)) << n;
+    const TensorData x = golden.get(n), y = m.get(n);
+    EXPECT_EQ(x.is_int, y.is_int) << n;
+    EXPECT_EQ(x.i, y.i) << n;
+    EXPECT_EQ(x.f, y.f) << n;
+  }
+  // put() and erase() work over spilled names; save() writes what get() reads.
+  TensorData replaced = golden.get("step0.embed");
+  for (float& v : replaced.f) v += 1.0f;
+  m.put(replaced);
+  EXPECT_NE(m.find("step0.embed"), nullptr);
+  EXPECT_EQ(m.get("step0.embed").f, replaced.f);
+  m.erase("step0.mask");
+  EXPECT_FALSE(m.has("step0.mask"));
+  const std::string path = temp_path("spilled.safetensors");
+  m.save(path);
+  DumpFile back(path);
+  EXPECT_EQ(back.get("step1.logits").f, golden.get("step1.logits").f);
+  EXPECT_EQ(back.get("step0.embed").f, replaced.f);
+  EXPECT_THROW(m.get("step0.mask"), MissingTensorError);
+  EXPECT_THROW(MemoryDump("x").spill(dir + "/no/such/dir"), IoError);
+}
+
+// Pages handed back to the kernel read again as the same bytes.
+TEST(ReleasePages, ValuesSurviveTheRelease) {
+  DumpFile golden(golden_dump("llama-gqa", "prefill"));
+  const TensorData before = golden.get("step0.logits");
+  const Model model = Model::load(golden_model("llama-gqa"));
+  const std::vector<uint8_t> q(static_cast<const uint8_t*>(model.weights->layers[0].q.data),
+                               static_cast<const uint8_t*>(model.weights->layers[0].q.data) +
+                                   model.weights->layers[0].q.bytes());
+  model.weights->release_all();
+  EXPECT_EQ(std::memcmp(q.data(), model.weights->layers[0].q.data, q.size()), 0);
+  EXPECT_EQ(golden.get("step0.logits").f, before.f);  // get() released them already once
+  release_pages(nullptr, 0);                          // nothing to do
 }
 
 TEST(DumpWriter, StreamsWantedSitesAndWritesTheManifest) {
