@@ -68,12 +68,24 @@ class SelectiveDump : public MemoryDump {
   std::vector<std::string> globs_;
 };
 
-}  // namespace
+// Converted weights a layer-major pass holds at once, in bytes: one layer,
+// but no more than 2 GiB (and never less than the largest matrix). A 1.1B
+// layer is 0.4 GB in float64, an 8B one 1.75 GB; a 70B layer (6.9 GB) is
+// held a matrix or two at a time (its largest is 1.9 GB).
+int64_t weight_budget(const ModelWeights& w, ComputeDType dtype) {
+  if (w.layers.empty()) return 0;
+  const int64_t esize = int64_t(c10::elementSize(ops::torch_dtype(dtype)));
+  int64_t layer = 0, largest = 0;
+  const LayerWeights& L = w.layers[0];
+  for (const WeightView* v : {&L.input_norm, &L.post_attn_norm, &L.q, &L.k, &L.v, &L.o, &L.q_bias, &L.k_bias,
+                              &L.v_bias, &L.o_bias, &L.q_norm, &L.k_norm, &L.gate, &L.up, &L.down}) {
+    layer += v->numel() * esize;
+    largest = std::max(largest, v->numel() * esize);
+  }
+  return std::max(largest, std::min(layer, int64_t(2) << 30));
+}
 
-// Converted weights a layer-major pass holds at once: a whole layer up to 8B
-// shapes in float64 (1.75 GB), a matrix or two of a 70B layer (its largest
-// is 1.9 GB in float64; never less than that).
-constexpr int64_t kWeightBudget = int64_t(2) << 30;
+}  // namespace
 
 // ---------------------------------------------------------------------------
 // RefRunner
@@ -110,7 +122,7 @@ std::unique_ptr<MemoryDump> RefRunner::run(const Scenario& sc, ComputeDType dtyp
   // the candidate's dtype each call has its own, as HF runs them (the same
   // numbers as the engine, bit for bit).
   ref::check_model(model_.config, *model_.weights);
-  ref::LayerByLayerWeights w(*model_.weights, ops::torch_dtype(dtype), kWeightBudget);
+  ref::LayerByLayerWeights w(*model_.weights, ops::torch_dtype(dtype), weight_budget(*model_.weights, dtype));
   ref::GraphOptions go;
   go.batch_steps = dtype == ComputeDType::Float64;
   ref::Graph graph(model_.config, w, go);
@@ -242,7 +254,7 @@ std::unique_ptr<compare::Recomputed> RefLocalOracle::recompute(const TensorSourc
   go.batch_steps = true;
   if (h) go.faults = variant_of(*h, cfg);
   ref::use_threads(threads_, dtype);
-  ref::LayerByLayerWeights w(*model_.weights, ops::torch_dtype(dtype), kWeightBudget);
+  ref::LayerByLayerWeights w(*model_.weights, ops::torch_dtype(dtype), weight_budget(*model_.weights, dtype));
   ref::Graph graph(cfg, w, go, &dump);
   try {
     graph.run(dump.names(), out->values, &out->source);
