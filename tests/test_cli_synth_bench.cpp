@@ -65,20 +65,27 @@ TEST(CliSynthBench, Statistics) {
   EXPECT_TRUE(std::isfinite(bw.best_gbs) && bw.best_gbs > 0);
 }
 
+// A tiny-llama checkpoint in a temporary directory, removed with the object.
+struct TinyLlama {
+  TinyLlama(const std::string& stem, DType dtype, uint64_t seed) : dir(llmdiff::testing::temp_path(stem)) {
+    SynthOptions so;
+    so.config_json = synth_preset_config("tiny-llama");
+    so.dtype = dtype;
+    so.seed = seed;
+    synth = write_synth_checkpoint(dir, so);
+  }
+  ~TinyLlama() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  std::string dir;
+  SynthResult synth;
+};
+
 TEST(CliSynthBench, CommandReportsBothEnginesAndTheEndToEndDiff) {
-  const std::string dir = llmdiff::testing::temp_path("bench_tiny_llama");
-  struct Cleanup {
-    std::string path;
-    ~Cleanup() {
-      std::error_code ec;
-      std::filesystem::remove_all(path, ec);
-    }
-  } cleanup{dir};
-  SynthOptions so;
-  so.config_json = synth_preset_config("tiny-llama");
-  so.dtype = DType::F32;
-  so.seed = 2;
-  const SynthResult synth = write_synth_checkpoint(dir, so);
+  const TinyLlama model("bench_tiny_llama", DType::F32, 2);
+  const std::string& dir = model.dir;
+  const SynthResult& synth = model.synth;
 
   const llmdiff::testing::CliRun run =
       llmdiff::testing::run_cli({"bench", "--model", dir, "--prompt", "12", "--decode", "3", "--repeats", "2",
@@ -136,19 +143,8 @@ TEST(CliSynthBench, CommandReportsBothEnginesAndTheEndToEndDiff) {
 // bench --bisect: the bisection of an impl candidate with a zoo bug, timed
 // phase by phase against the plain impl forward, localised and named.
 TEST(CliSynthBench, BisectOfAnInjectedBugIsTimedLocalisedAndNamed) {
-  const std::string dir = llmdiff::testing::temp_path("bench_bisect_tiny_llama");
-  struct Cleanup {
-    std::string path;
-    ~Cleanup() {
-      std::error_code ec;
-      std::filesystem::remove_all(path, ec);
-    }
-  } cleanup{dir};
-  SynthOptions so;
-  so.config_json = synth_preset_config("tiny-llama");
-  so.dtype = DType::BF16;
-  so.seed = 4;
-  write_synth_checkpoint(dir, so);
+  const TinyLlama model("bench_bisect_tiny_llama", DType::BF16, 4);
+  const std::string& dir = model.dir;
   const llmdiff::testing::CliRun run =
       llmdiff::testing::run_cli({"bench", "--model", dir, "--prompt", "10", "--engines", "none", "--bandwidth-mib",
                                  "16", "--e2e-decode", "2", "--bisect", "rope-interleaved", "--json"});
