@@ -1,5 +1,6 @@
 // Measurement helpers of `llmdiff bench`.
 #include "cli/bench_support.h"
+#include "dumps/threads.h"
 
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -54,7 +55,7 @@ double timed_slices(int threads, size_t n, Body body) {
 
 BandwidthResult measure_read_bandwidth(int threads, size_t bytes, int repeats) {
   BandwidthResult r;
-  r.threads = threads > 0 ? threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  r.threads = resolve_threads(threads);
   const size_t n = std::max<size_t>(bytes / sizeof(uint64_t), 8);
   r.buffer_bytes = n * sizeof(uint64_t);
   std::unique_ptr<uint64_t[]> buf(new uint64_t[n]);

@@ -6,6 +6,7 @@
 
 #include "compare/bisect_report.h"
 #include "compare/report.h"
+#include "dumps/files.h"
 #include "compare/tolerance.h"
 
 namespace llmdiff::cli {
@@ -46,7 +47,7 @@ compare::BisectOptions bisect_options(const BisectCliOptions& o, const PhaseLog*
 }
 
 int emit_bisect(const compare::BisectResult& r, const BisectCliOptions& o) {
-  if (!o.report.empty()) compare::write_text_atomic(o.report, compare::render_bisect_markdown(r));
+  if (!o.report.empty()) write_file_atomic(o.report, compare::render_bisect_markdown(r));
   compare::BisectTableOptions t;
   t.all = o.all;
   const std::string text = o.json ? compare::render_bisect_json(r) : compare::render_bisect_table(r, t);

@@ -27,6 +27,7 @@
 #include "dumps/engine.h"
 #include "dumps/errors.h"
 #include "dumps/bugs.h"
+#include "dumps/threads.h"
 #include "dumps/weights.h"
 
 namespace llmdiff::cli {
@@ -60,12 +61,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 std::vector<int64_t> bench_prompt(int64_t vocab, int n, uint64_t seed) {
   std::vector<int64_t> ids(static_cast<size_t>(n));
   uint64_t s = seed;
-  for (auto& id : ids) {
-    uint64_t z = (s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    id = int64_t((z ^ (z >> 31)) % uint64_t(vocab));
-  }
+  for (auto& id : ids) id = int64_t(splitmix64(s) % uint64_t(vocab));
   return ids;
 }
 

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "compare/report.h"
+#include "dumps/files.h"
 #include "dumps/errors.h"
 #include "impl/impl_engine.h"
 #include "ref/ref_engine.h"
@@ -67,7 +68,7 @@ Scenario scenario_from_options(const std::string& tokens, const std::string& rep
 }
 
 void write_side_output(const std::string& path, const std::string& text, const std::string& what, bool json) {
-  compare::write_text_atomic(path, text);
+  write_file_atomic(path, text);
   fmt::print(json ? stderr : stdout, "wrote {} {}\n", what, path);
 }
 

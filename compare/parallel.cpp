@@ -1,10 +1,10 @@
 #include "compare/parallel.h"
+#include "dumps/threads.h"
 
 #include <algorithm>
 
 namespace llmdiff::compare {
 
-int default_threads() { return std::max(1, int(std::thread::hardware_concurrency())); }
 
 ThreadPool::ThreadPool(int threads) {
   if (threads <= 0) threads = default_threads();

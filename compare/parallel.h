@@ -42,7 +42,5 @@ class ThreadPool {
   std::exception_ptr error_;
 };
 
-// Hardware threads of this machine (at least 1).
-int default_threads();
 
 }  // namespace llmdiff::compare

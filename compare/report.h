@@ -37,8 +37,5 @@ std::string render_regress_junit(const RegressionReport& r);
 // Escapes &, <, >, " and ' (and drops control characters XML 1.0 forbids).
 std::string xml_escape(const std::string& s);
 
-// Writes `text` to `path` atomically (temporary file in the same directory,
-// then rename). Throws IoError.
-void write_text_atomic(const std::string& path, const std::string& text);
 
 }  // namespace llmdiff::compare

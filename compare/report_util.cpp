@@ -44,25 +44,4 @@ std::string xml_escape(const std::string& s) {
   return out;
 }
 
-void write_text_atomic(const std::string& path, const std::string& text) {
-  static std::atomic<unsigned> counter{0};
-  std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) throw IoError(path, std::string("cannot create temporary file: ") + std::strerror(errno));
-  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  ok = std::fflush(f) == 0 && ok;
-  ok = ::fsync(::fileno(f)) == 0 && ok;
-  int err = errno;
-  ok = std::fclose(f) == 0 && ok;
-  if (!ok) {
-    std::remove(tmp.c_str());
-    throw IoError(path, std::string("cannot write: ") + std::strerror(err));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    err = errno;
-    std::remove(tmp.c_str());
-    throw IoError(path, std::string("cannot rename the temporary file into place: ") + std::strerror(err));
-  }
-}
-
 }  // namespace llmdiff::compare

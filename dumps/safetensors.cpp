@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "dumps/files.h"
 #include "dumps/errors.h"
 
 namespace llmdiff {
@@ -317,33 +318,22 @@ void SafetensorsWriter::finish() {
   }
   std::string text = header.dump();
   while (text.size() % 8) text += ' ';
-  const std::string tmp = temp_name(path_, "");
-  FILE* out = std::fopen(tmp.c_str(), "wb");
-  if (!out) throw IoError(path_, std::string("cannot create temporary file: ") + std::strerror(errno));
-  bool ok = true;
+  AtomicFile out(path_);  // fsynced and renamed into place on commit
   uint8_t len[8];
   for (int i = 0; i < 8; ++i) len[i] = uint8_t(uint64_t(text.size()) >> (8 * i));
-  ok = ok && std::fwrite(len, 1, 8, out) == 8;
-  ok = ok && std::fwrite(text.data(), 1, text.size(), out) == text.size();
-  ok = ok && std::fflush(data_) == 0 && std::fseek(data_, 0, SEEK_SET) == 0;
+  out.write(len, 8);
+  out.write(text.data(), text.size());
+  if (std::fflush(data_) != 0 || std::fseek(data_, 0, SEEK_SET) != 0)
+    throw IoError(path_, std::string("cannot read the temporary data back: ") + std::strerror(errno));
   std::vector<char> buf(1 << 20);
   uint64_t left = offset_;
-  while (ok && left > 0) {
-    size_t n = std::fread(buf.data(), 1, size_t(std::min<uint64_t>(buf.size(), left)), data_);
-    ok = n > 0 && std::fwrite(buf.data(), 1, n, out) == n;
+  while (left > 0) {
+    const size_t n = std::fread(buf.data(), 1, size_t(std::min<uint64_t>(buf.size(), left)), data_);
+    if (n == 0) throw IoError(path_, std::string("cannot read the temporary data back: ") + std::strerror(errno));
+    out.write(buf.data(), n);
     left -= n;
   }
-  ok = (std::fflush(out) == 0) && ok;
-  ok = (std::fclose(out) == 0) && ok;
-  if (!ok) {
-    std::remove(tmp.c_str());
-    throw IoError(path_, std::string("write failed: ") + std::strerror(errno));
-  }
-  if (std::rename(tmp.c_str(), path_.c_str()) != 0) {
-    int e = errno;
-    std::remove(tmp.c_str());
-    throw IoError(path_, std::string("cannot rename temporary file into place: ") + std::strerror(e));
-  }
+  out.commit();
   std::fclose(data_);
   data_ = nullptr;
   std::remove(data_tmp_.c_str());

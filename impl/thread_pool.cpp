@@ -1,4 +1,5 @@
 #include "impl/thread_pool.h"
+#include "dumps/threads.h"
 
 namespace llmdiff::impl {
 
@@ -16,7 +17,7 @@ constexpr int kSpinBeforeSleep = 4000;
 }  // namespace
 
 ThreadPool::ThreadPool(int threads) {
-  if (threads <= 0) threads = int(std::thread::hardware_concurrency());
+  threads = resolve_threads(threads);
   size_ = threads < 1 ? 1 : threads;
   threads_.reserve(size_t(size_ - 1));
   for (int i = 1; i < size_; ++i) threads_.emplace_back([this, i] { worker_loop(i); });

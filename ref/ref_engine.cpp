@@ -3,6 +3,7 @@
 // cache between calls), as LlamaForCausalLM.forward / Qwen2ForCausalLM /
 // Qwen3ForCausalLM of transformers 4.51.3 run under generate().
 #include "ref/ref_engine.h"
+#include "dumps/threads.h"
 
 #include <dlfcn.h>
 
@@ -96,7 +97,7 @@ class RefEngine : public Engine {
 // the elementwise ops one. bfloat16/float16 matmuls are libtorch's own
 // loops: those keep libtorch's threads (and OpenBLAS sits idle).
 void use_threads(int threads, ComputeDType dtype) {
-  if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  threads = resolve_threads(threads);
   using SetThreads = void (*)(int);
   static const auto openblas = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
   const bool blas_bound = dtype == ComputeDType::Float32 || dtype == ComputeDType::Float64;

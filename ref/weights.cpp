@@ -1,4 +1,5 @@
 #include "ref/weights.h"
+#include "dumps/threads.h"
 
 #include <algorithm>
 #include <future>
@@ -38,7 +39,7 @@ namespace {
 // thread in the ref's setting).
 void convert_into(torch::Tensor& dst, const torch::Tensor& from) {
   const int64_t rows = from.dim() > 0 ? from.size(0) : 1;
-  const int64_t workers = std::min<int64_t>(std::max(1u, std::thread::hardware_concurrency()), rows);
+  const int64_t workers = std::min<int64_t>(default_threads(), rows);
   if (workers <= 1 || from.numel() < (int64_t(1) << 20)) {
     dst.copy_(from);
     return;

@@ -17,6 +17,8 @@
 #include <thread>
 
 #include "dumps/errors.h"
+#include "dumps/files.h"
+#include "dumps/threads.h"
 
 namespace llmdiff::synth {
 
@@ -337,12 +339,6 @@ std::vector<SynthTensor> synth_tensor_plan(const ModelConfig& cfg, const SynthSc
 
 namespace {
 
-inline uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
 inline uint64_t mix(uint64_t a, uint64_t b) {
   uint64_t s = a ^ (b * 0xd1b54a32d192ed03ULL);
@@ -410,7 +406,7 @@ void synth_fill(uint64_t seed, const SynthTensor& t, DType dtype, void* out, int
   const int64_t n = numel(t.shape);
   const uint64_t stream = mix(seed, fnv1a64(t.name));
   const int64_t blocks = (n + kBlock - 1) / kBlock;
-  int nt = threads > 0 ? threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  int nt = resolve_threads(threads);
   nt = int(std::min<int64_t>(nt, blocks));
   if (nt <= 1) {
     for (int64_t b = 0; b < blocks; ++b) fill_range(stream, t, dtype, out, b, n);
@@ -466,22 +462,6 @@ uint64_t parse_byte_size(const std::string& text) {
 
 namespace {
 
-// Writes `text` to `path` through a temporary in the same directory and a rename.
-void write_text_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) throw IoError(tmp, "cannot create");
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0;
-  const bool closed = std::fclose(f) == 0;
-  if (!ok || !closed) {
-    std::remove(tmp.c_str());
-    throw IoError(tmp, "write failed");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw IoError(path, "cannot rename from " + tmp);
-  }
-}
 
 bool is_weight_file_name(const std::string& name) {
   static const std::regex shard(R"(model-[0-9]+-of-[0-9]+\.safetensors)");
@@ -585,7 +565,7 @@ SynthResult write_synth_checkpoint(const std::string& dir, const SynthOptions& o
   }
   if (shards.size() > 1) {
     json index = {{"metadata", {{"total_size", res.data_bytes}}}, {"weight_map", weight_map}};
-    write_text_atomic((root / "model.safetensors.index.json").string(), index.dump(2) + "\n");
+    write_file_atomic((root / "model.safetensors.index.json").string(), index.dump(2) + "\n");
   }
 
   // Weight files of an earlier checkpoint in this directory would be ambiguous.
@@ -599,7 +579,7 @@ SynthResult write_synth_checkpoint(const std::string& dir, const SynthOptions& o
     }
   }
 
-  write_text_atomic((root / "config.json").string(), config_text);
+  write_file_atomic((root / "config.json").string(), config_text);
   res.config.source = (root / "config.json").string();
   return res;
 }

@@ -9,6 +9,7 @@
 #include <regex>
 
 #include "compare/report.h"
+#include "dumps/files.h"
 #include "dumps/errors.h"
 #include "tests/test_compare_helpers.h"
 
@@ -226,15 +227,15 @@ TEST(CompareReport, JunitIsWellFormedAndEscaped) {
 
 TEST(CompareReport, AtomicWriteLeavesNoTemporaries) {
   std::string path = temp_path("report.md");
-  write_text_atomic(path, "first\n");
-  write_text_atomic(path, "second\n");
+  write_file_atomic(path, "first\n");
+  write_file_atomic(path, "second\n");
   EXPECT_EQ(read_text(path), "second\n");
   std::string dir = path.substr(0, path.rfind('/'));
   DIR* d = opendir(dir.c_str());
   ASSERT_NE(d, nullptr);
   while (dirent* e = readdir(d)) EXPECT_EQ(std::string(e->d_name).find(".tmp."), std::string::npos) << e->d_name;
   closedir(d);
-  EXPECT_THROW(write_text_atomic("/nonexistent-dir/x.md", "x"), IoError);
+  EXPECT_THROW(write_file_atomic("/nonexistent-dir/x.md", "x"), IoError);
   EXPECT_EQ(fmt_num(0), "0");
   EXPECT_EQ(fmt_num(1.5e-5), "1.500e-05");
   EXPECT_EQ(fmt_num(std::numeric_limits<double>::infinity()), "inf");

@@ -11,6 +11,7 @@
 #include "dumps/dump.h"
 #include "dumps/engine.h"
 #include "dumps/errors.h"
+#include "dumps/files.h"
 #include "dumps/weights.h"
 #include "tests/support.h"
 #include "tests/test_dumps_helpers.h"
@@ -340,6 +341,30 @@ TEST(MemoryDump, GoldenDumpSurvivesSaveAndReload) {
       EXPECT_EQ(std::memcmp(x.f.data(), y.f.data(), x.f.size() * 4), 0) << n;
     }
   }
+}
+
+// An AtomicFile abandoned before commit() leaves neither the target nor its
+// temporary; a committed one replaces the target whole.
+TEST(AtomicFile, NothingHalfWrittenIsLeft) {
+  namespace fs = std::filesystem;
+  const std::string dir = temp_path("atomic-dir");
+  fs::create_directories(dir);
+  const std::string path = dir + "/out.txt";
+  {
+    AtomicFile f(path);
+    f.write("partial", 7);
+  }  // abandoned (as when an exception unwinds)
+  EXPECT_FALSE(fs::exists(path));
+  EXPECT_TRUE(fs::is_empty(dir));
+  write_file_atomic(path, "old");
+  AtomicFile f(path);
+  f.write("new contents", 12);
+  EXPECT_EQ(read_text(path), "old");  // the target is untouched until commit
+  f.commit();
+  EXPECT_EQ(read_text(path), "new contents");
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 1);
+  EXPECT_THROW(f.commit(), IoError);
+  EXPECT_THROW(AtomicFile(dir + "/no/such/dir/x"), IoError);
 }
 
 // A spilled dump keeps its values in an unnamed temporary file: the same
