@@ -6,7 +6,8 @@
 // diverges globally merely inherits the error of an earlier one.
 //
 // compare/ sees the reference only through the LocalOracle interface (the
-// libtorch-backed implementation lives in cli/oracle.cpp).
+// libtorch-backed implementation lives in bisect/pipeline.cpp, over the
+// teacher-forced decoder graph of ref/graph.h).
 #pragma once
 #include <map>
 #include <memory>

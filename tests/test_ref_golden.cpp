@@ -210,8 +210,8 @@ TEST(RefEngineInfo, ProducerAndDtype) {
   EXPECT_EQ(ref::make_ref_engine(model, opt)->dtype_name(), "float64");
 }
 
-// Layer-by-layer weights: each layer as the whole conversion has it, slots
-// reused in place only when nobody holds their tensors.
+// Weights converted a matrix at a time within a budget: each as converting it
+// alone gives, a buffer reused only when nobody else holds its tensor.
 TEST(RefLayerByLayerWeights, SameValuesAsEachWeightConvertedAloneAndBuffersReusedSafely) {
   for (const std::string m : {"llama-gqa", "llama-mha-bf16"}) {
     SCOPED_TRACE(m);
