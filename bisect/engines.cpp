@@ -29,15 +29,20 @@ std::unique_ptr<Engine> make_engine(const std::string& which, const Model& model
   throw UsageError("unknown engine '" + which + "' (supported: ref, impl)");
 }
 
-Manifest make_manifest(const Engine& engine, const Model& model, const std::string& model_dir, const Scenario& sc) {
+Manifest make_manifest(const std::string& producer, const std::string& dtype, const Model& model,
+                       const std::string& model_dir, const Scenario& sc) {
   Manifest m;
-  m.producer = engine.producer();
+  m.producer = producer;
   m.model = dir_name(model_dir);
   m.config = model.config.raw_json;
   m.scenario = sc.name;
   m.steps = int(sc.steps.size()) + sc.decode;
-  m.dtype = engine.dtype_name();
+  m.dtype = dtype;
   return m;
+}
+
+Manifest make_manifest(const Engine& engine, const Model& model, const std::string& model_dir, const Scenario& sc) {
+  return make_manifest(engine.producer(), engine.dtype_name(), model, model_dir, sc);
 }
 
 std::string dir_name(const std::string& path) {

@@ -25,6 +25,9 @@ std::unique_ptr<Engine> make_engine(const std::string& which, const Model& model
 
 // The manifest of a dump produced by `engine` on `model` for `sc`.
 Manifest make_manifest(const Engine& engine, const Model& model, const std::string& model_dir, const Scenario& sc);
+// The same from the producer text and compute dtype (spec spelling).
+Manifest make_manifest(const std::string& producer, const std::string& dtype, const Model& model,
+                       const std::string& model_dir, const Scenario& sc);
 
 // Basename of a directory path ("a/b/" -> "b").
 std::string dir_name(const std::string& path);

@@ -1,5 +1,6 @@
 #include "bisect/pipeline.h"
 
+#include <malloc.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -76,9 +77,7 @@ int64_t weight_budget(const ModelWeights& w, ComputeDType dtype) {
   if (w.layers.empty()) return 0;
   const int64_t esize = int64_t(c10::elementSize(ops::torch_dtype(dtype)));
   int64_t layer = 0, largest = 0;
-  const LayerWeights& L = w.layers[0];
-  for (const WeightView* v : {&L.input_norm, &L.post_attn_norm, &L.q, &L.k, &L.v, &L.o, &L.q_bias, &L.k_bias,
-                              &L.v_bias, &L.o_bias, &L.q_norm, &L.k_norm, &L.gate, &L.up, &L.down}) {
+  for (const WeightView* v : w.layers[0].views()) {
     layer += v->numel() * esize;
     largest = std::max(largest, v->numel() * esize);
   }
@@ -98,13 +97,7 @@ std::unique_ptr<MemoryDump> RefRunner::run(const Scenario& sc, ComputeDType dtyp
                                            const std::vector<std::string>& wanted) const {
   auto dump = std::make_unique<SelectiveDump>(std::string("ref ") + compute_dtype_name(dtype), wanted);
   dump->spill();  // a whole run's activations: in the page cache, not in the process
-  Manifest& m = dump->mutable_manifest();
-  m.producer = ref::producer(dtype);
-  m.model = dir_name(dir_);
-  m.config = model_.config.raw_json;
-  m.scenario = sc.name;
-  m.steps = int(sc.steps.size()) + sc.decode;
-  m.dtype = compute_dtype_name(dtype);
+  dump->mutable_manifest() = make_manifest(ref::producer(dtype), compute_dtype_name(dtype), model_, dir_, sc);
   ref::use_threads(threads_, dtype);
   if (sc.decode > 0) {
     // Greedy decoding needs each call's logits before the next call: the
@@ -117,7 +110,7 @@ std::unique_ptr<MemoryDump> RefRunner::run(const Scenario& sc, ComputeDType dtyp
     return dump;
   }
   // Every call's tokens are known: layer-major, each layer's weights
-  // converted once (two layers held at a time) for every forward call. In
+  // converted once (within weight_budget) for every forward call. In
   // float64 (the truth) the projections of all calls are one product; at
   // the candidate's dtype each call has its own, as HF runs them (the same
   // numbers as the engine, bit for bit).
@@ -285,7 +278,14 @@ ModelOracles::ModelOracles(const std::string& model_dir, int threads)
       hypotheses(model, threads) {}
 
 compare::BisectResult bisect_candidate(const ModelOracles& m, const TensorSource& cand,
-                                       const compare::BisectOptions& opt) {
+                                       compare::BisectOptions opt) {
+  // Between phases, the heap's free memory goes back to the system: each
+  // phase frees a model's worth of activations in pieces under the mmap
+  // threshold (cli/main.cpp), which glibc would otherwise keep.
+  opt.progress = [report = std::move(opt.progress)](const std::string& what) {
+    malloc_trim(0);
+    if (report) report(what);
+  };
   compare::BisectResult r = compare::bisect(cand, m.reference, &m.oracle, &m.hypotheses, opt);
   if (r.model.empty()) r.model = dir_name(m.dir);
   return r;

@@ -77,7 +77,7 @@ struct ModelOracles {
 
 // bisect() of compare/diagnose.h with the model's runners.
 compare::BisectResult bisect_candidate(const ModelOracles& m, const TensorSource& cand,
-                                       const compare::BisectOptions& opt);
+                                       compare::BisectOptions opt);
 
 // `llmdiff run`'s candidate: the impl (with eo.inject's bugs) over `sc`,
 // recording the names matching `record` (full-name globs; empty: every site).

@@ -1,7 +1,5 @@
 #include "cli/bisect_cli.h"
 
-#include <malloc.h>
-
 #include <cstdio>
 
 #include "compare/bisect_report.h"
@@ -29,13 +27,7 @@ void add_bisect_cli_options(CLI::App& sub, BisectCliOptions& o) {
 
 compare::BisectOptions bisect_options(const BisectCliOptions& o, const PhaseLog* log) {
   compare::BisectOptions b;
-  // Between phases, the heap's free memory goes back to the system: each
-  // phase frees a model's worth of activations in pieces under the mmap
-  // threshold (cli/main.cpp), which glibc would otherwise keep.
-  b.progress = [log](const std::string& what) {
-    malloc_trim(0);
-    if (log && log->enabled()) (*log)(what);
-  };
+  if (log && log->enabled()) b.progress = [log](const std::string& what) { (*log)(what); };
   b.compare.rtol = o.rtol;
   b.compare.atol = o.atol;
   for (const auto& t : o.tol) b.compare.overrides.push_back(compare::parse_tolerance_override(t));

@@ -16,8 +16,6 @@
 #include <string>
 #include <vector>
 
-#include <malloc.h>
-
 #include "cli/bench_support.h"
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -85,8 +83,7 @@ ModelFacts model_facts(const std::string& dir, int prompt) {
   f.weight_bytes = w.total_bytes();
   uint64_t layer_params = 0, layer_matmul = 0;
   for (const auto& L : w.layers) {
-    for (const WeightView* v : {&L.input_norm, &L.post_attn_norm, &L.q, &L.k, &L.v, &L.o, &L.q_bias, &L.k_bias,
-                                &L.v_bias, &L.o_bias, &L.q_norm, &L.k_norm, &L.gate, &L.up, &L.down})
+    for (const WeightView* v : L.views())
       if (*v) layer_params += uint64_t(v->numel());
     for (const WeightView* v : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) layer_matmul += uint64_t(v->numel());
   }
@@ -261,7 +258,6 @@ std::string bench_run_pipeline(const BenchCmdOptions& o, const std::vector<std::
   json phases = json::array();
   double last = 0;
   auto phase = [&](const std::string& what) {
-    malloc_trim(0);  // as the commands do between phases
     const double now = seconds_since(start);
     phases.push_back({{"phase", what}, {"seconds", now - last}});
     last = now;

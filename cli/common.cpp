@@ -1,7 +1,5 @@
 #include "cli/common.h"
 
-#include <fstream>
-
 #include <sys/resource.h>
 
 #include <chrono>
@@ -9,13 +7,11 @@
 
 #include <fmt/core.h>
 
-#include <thread>
 
+#include "cli/bench_support.h"
 #include "compare/report.h"
 #include "dumps/files.h"
 #include "dumps/errors.h"
-#include "impl/impl_engine.h"
-#include "ref/ref_engine.h"
 
 namespace llmdiff::cli {
 
@@ -80,29 +76,13 @@ double now_seconds() {
 
 PhaseLog::PhaseLog(bool enabled) : enabled_(enabled), start_(now_seconds()) {}
 
-namespace {
-
-// RssAnon and RssFile of /proc/self/status in bytes (-1 when absent).
-std::pair<double, double> resident_now() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  double anon = -1, file = -1;
-  while (std::getline(in, line)) {
-    if (line.rfind("RssAnon:", 0) == 0) anon = std::stod(line.substr(8)) * 1024.0;
-    if (line.rfind("RssFile:", 0) == 0) file = std::stod(line.substr(8)) * 1024.0;
-  }
-  return {anon, file};
-}
-
-}  // namespace
-
 void PhaseLog::operator()(const std::string& what) const {
   if (!enabled_) return;
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
-  const auto [anon, file] = resident_now();
   std::fprintf(stderr, "[%7.1f s, peak %5.1f GB, now %5.1f GB anonymous + %5.1f GB mapped files] %s\n",
-               now_seconds() - start_, double(ru.ru_maxrss) * 1024.0 / 1e9, anon / 1e9, file / 1e9, what.c_str());
+               now_seconds() - start_, double(ru.ru_maxrss) * 1024.0 / 1e9,
+               double(proc_status_bytes("RssAnon")) / 1e9, double(proc_status_bytes("RssFile")) / 1e9, what.c_str());
   std::fflush(stderr);
 }
 

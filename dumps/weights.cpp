@@ -133,9 +133,7 @@ size_t ModelWeights::total_bytes() const {
   add(final_norm);
   add(lm_head);
   for (const auto& L : layers)
-    for (const WeightView* w : {&L.input_norm, &L.post_attn_norm, &L.q, &L.k, &L.v, &L.o, &L.q_bias, &L.k_bias,
-                                &L.v_bias, &L.o_bias, &L.q_norm, &L.k_norm, &L.gate, &L.up, &L.down})
-      add(*w);
+    for (const WeightView* w : L.views()) add(*w);
   return total;
 }
 
@@ -148,9 +146,7 @@ Model Model::load(const std::string& dir) {
 
 void ModelWeights::release_layer(int layer) const {
   if (layer < 0 || size_t(layer) >= layers.size()) return;
-  const LayerWeights& L = layers[size_t(layer)];
-  for (const WeightView* v : {&L.input_norm, &L.post_attn_norm, &L.q, &L.k, &L.v, &L.o, &L.q_bias, &L.k_bias, &L.v_bias,
-                              &L.o_bias, &L.q_norm, &L.k_norm, &L.gate, &L.up, &L.down})
+  for (const WeightView* v : layers[size_t(layer)].views())
     if (*v) release_pages(v->data, v->bytes());
 }
 

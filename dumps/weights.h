@@ -2,6 +2,7 @@
 // model.safetensors.index.json, mmapped, looked up by HF name and checked
 // against the config. Nothing is copied: views point into the maps.
 #pragma once
+#include <array>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +30,11 @@ struct LayerWeights {
   WeightView q_bias, k_bias, v_bias, o_bias;        // optional
   WeightView q_norm, k_norm;                        // [Dh], Qwen3 only
   WeightView gate, up, down;                        // [F, D], [F, D], [D, F]
+  // Every weight of the layer, absent optional ones included (test with bool).
+  std::array<const WeightView*, 15> views() const {
+    return {&input_norm, &post_attn_norm, &q, &k, &v, &o, &q_bias, &k_bias, &v_bias, &o_bias, &q_norm, &k_norm,
+            &gate, &up, &down};
+  }
 };
 
 class ModelWeights {

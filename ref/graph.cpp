@@ -359,12 +359,13 @@ const Graph::Value* Graph::compute(const std::string& name) {
   try {
     v = compute_uncached(parse_name(name));
   } catch (const std::exception&) {
-    in_progress_.erase(name);
     // Free-running, every input exists: an error is the model's, reported.
     // Teacher-forced, an input may be missing or of a shape the op cannot
-    // take: the site cannot be recomputed.
-    if (opt_.inputs == Inputs::Tokens) throw;
-    v = Value{};
+    // take: the site cannot be recomputed (v stays undefined).
+    if (opt_.inputs == Inputs::Tokens) {
+      in_progress_.erase(name);
+      throw;
+    }
   }
   in_progress_.erase(name);
   return &memo_.emplace(name, std::move(v)).first->second;
