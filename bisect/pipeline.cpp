@@ -77,9 +77,13 @@ int64_t weight_budget(const ModelWeights& w, ComputeDType dtype) {
   if (w.layers.empty()) return 0;
   const int64_t esize = int64_t(c10::elementSize(ops::torch_dtype(dtype)));
   int64_t layer = 0, largest = 0;
-  for (const WeightView* v : w.layers[0].views()) {
-    layer += v->numel() * esize;
-    largest = std::max(largest, v->numel() * esize);
+  for (const LayerWeights& L : w.layers) {  // layers differ: dense and MoE
+    int64_t bytes = 0;
+    for (const WeightView* v : L.views()) {
+      bytes += v->numel() * esize;
+      largest = std::max(largest, v->numel() * esize);
+    }
+    layer = std::max(layer, bytes);
   }
   return std::max(largest, std::min(layer, int64_t(2) << 30));
 }

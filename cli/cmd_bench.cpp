@@ -85,7 +85,7 @@ ModelFacts model_facts(const std::string& dir, int prompt) {
   for (const auto& L : w.layers) {
     for (const WeightView* v : L.views())
       if (*v) layer_params += uint64_t(v->numel());
-    for (const WeightView* v : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) layer_matmul += uint64_t(v->numel());
+    for (const WeightView* v : {&L.q, &L.k, &L.v, &L.o, &L.mlp.gate, &L.mlp.up, &L.mlp.down}) layer_matmul += uint64_t(v->numel());
   }
   const uint64_t embed = uint64_t(w.embed.numel()), head = uint64_t(w.lm_head.numel());
   const uint64_t D = uint64_t(c.hidden_size);

@@ -43,6 +43,9 @@ const std::vector<BugInfo>& all_bugs() {
     {
       BugInfo& b = add(Bug::RopeInterleaved, "rope-interleaved",
                        "rotates adjacent pairs (2i, 2i+1) at frequency i instead of (i, i+Dh/2)");
+      b.inapplicable = [](const ModelConfig& c) -> std::string {
+        return c.mla.enabled ? "MLA's rope layout is the config's rope_interleave (see mla-rope-layout)" : "";
+      };
       b.fault = &Faults::rope_interleaved;
     }
     {
@@ -155,6 +158,112 @@ const std::vector<BugInfo>& all_bugs() {
       };
       b.fault = &Faults::lm_head_embed;
       b.signature = Signature::HeadOnly;
+    }
+    // --- mixture of experts
+    auto moe_only = [](const ModelConfig& c) -> std::string {
+      return c.moe.enabled() ? "" : "the model has no mixture-of-experts layers";
+    };
+    auto sigmoid_only = [](const ModelConfig& c) -> std::string {
+      if (!c.moe.enabled()) return "the model has no mixture-of-experts layers";
+      return c.moe.scoring == MoeConfig::Scoring::Sigmoid ? "" : "the router already scores by softmax";
+    };
+    auto bias_only = [](const ModelConfig& c) -> std::string {
+      return c.moe.enabled() && c.moe.correction_bias ? "" : "the router has no e_score_correction_bias";
+    };
+    {
+      BugInfo& b = add(Bug::MoeSoftmaxRouting, "moe-softmax-routing",
+                       "scores experts by a softmax over the router logits instead of the model's sigmoid");
+      b.inapplicable = sigmoid_only;
+      b.fault = &Faults::moe_softmax_scoring;
+    }
+    {
+      BugInfo& b = add(Bug::MoeTopkNorm, "moe-topk-norm",
+                       "renormalises the top-k routing weights when the model does not, or not when it does");
+      b.inapplicable = [](const ModelConfig& c) -> std::string {
+        if (!c.moe.enabled()) return "the model has no mixture-of-experts layers";
+        return c.moe.top_k > 1 ? "" : "one expert per token: its renormalised weight is the same either way";
+      };
+      b.change_config = [](ModelConfig& c, double) { c.moe.norm_topk_prob = !c.moe.norm_topk_prob; };
+    }
+    {
+      BugInfo& b = add(Bug::MoeBiasInWeights, "moe-bias-in-weights",
+                       "weights experts by score + e_score_correction_bias (the bias only steers the choice)");
+      b.inapplicable = bias_only;
+      b.fault = &Faults::moe_bias_in_weights;
+    }
+    {
+      BugInfo& b = add(Bug::MoeNoCorrectionBias, "moe-no-correction-bias",
+                       "chooses experts without the e_score_correction_bias");
+      b.inapplicable = bias_only;
+      b.change_config = [](ModelConfig& c, double) { c.moe.correction_bias = false; };
+    }
+    {
+      BugInfo& b = add(Bug::MoeNoGroupLimit, "moe-no-group-limit",
+                       "chooses among all experts instead of the topk_group best groups");
+      b.inapplicable = [](const ModelConfig& c) -> std::string {
+        if (!c.moe.enabled() || c.moe.scoring != MoeConfig::Scoring::Sigmoid) return "the router has no expert groups";
+        return c.moe.topk_group < c.moe.n_group ? "" : "every group is kept (topk_group = n_group)";
+      };
+      b.change_config = [](ModelConfig& c, double) { c.moe.topk_group = c.moe.n_group; };
+    }
+    {
+      BugInfo& b = add(Bug::MoeRoutedScale, "moe-routed-scale", "leaves out routed_scaling_factor from the weights");
+      b.inapplicable = [](const ModelConfig& c) -> std::string {
+        if (!c.moe.enabled()) return "the model has no mixture-of-experts layers";
+        return c.moe.routed_scaling_factor != 1.0 ? "" : "routed_scaling_factor is 1";
+      };
+      b.change_config = [](ModelConfig& c, double) { c.moe.routed_scaling_factor = 1.0; };
+    }
+    {
+      BugInfo& b = add(Bug::MoeSharedMissing, "moe-shared-missing", "leaves out the shared expert");
+      b.inapplicable = [](const ModelConfig& c) -> std::string {
+        return c.moe.enabled() && c.moe.shared_intermediate_size > 0 ? "" : "the model has no shared expert";
+      };
+      b.fault = &Faults::moe_shared_missing;
+    }
+    {
+      BugInfo& b = add(Bug::MoeExpertOffByOne, "moe-expert-off-by-one",
+                       "runs expert (e + 1) mod E for a token routed to expert e (expert index off by one)");
+      b.inapplicable = moe_only;
+      b.fault = &Faults::moe_expert_shift;
+    }
+    // --- multi-head latent attention
+    auto mla_only = [](const ModelConfig& c) -> std::string {
+      return c.mla.enabled ? "" : "the model has no multi-head latent attention";
+    };
+    {
+      BugInfo& b = add(Bug::MlaRopeLayout, "mla-rope-layout",
+                       "ignores rope_interleave: rotates the rope dims without reordering pairs to halves, or the "
+                       "other way round");
+      b.inapplicable = mla_only;
+      b.change_config = [](ModelConfig& c, double) { c.mla.rope_interleave = !c.mla.rope_interleave; };
+    }
+    {
+      BugInfo& b = add(Bug::MlaRopeFront, "mla-rope-front",
+                       "rotates the first qk_rope_head_dim dims of each query head instead of the last");
+      b.inapplicable = mla_only;
+      b.fault = &Faults::mla_rope_front;
+    }
+    {
+      BugInfo& b = add(Bug::MlaMscaleMissing, "mla-mscale-missing",
+                       "leaves yarn's mscale^2 out of the softmax scaling");
+      b.inapplicable = [](const ModelConfig& c) -> std::string {
+        if (!c.mla.enabled) return "the model has no multi-head latent attention";
+        return c.attn_scaling() != std::pow(double(c.mla.qk_head_dim()), -0.5)
+                   ? ""
+                   : "the scaling has no mscale (no yarn rope_scaling with mscale_all_dim)";
+      };
+      b.fault = &Faults::mla_no_mscale;
+    }
+    {
+      BugInfo& b = add(Bug::MlaValueAsKey, "mla-value-as-key",
+                       "takes the keys' nope part from kv_b's value rows (an absorbed engine absorbing the wrong "
+                       "half of kv_b)");
+      b.inapplicable = [](const ModelConfig& c) -> std::string {
+        if (!c.mla.enabled) return "the model has no multi-head latent attention";
+        return c.mla.qk_nope_head_dim == c.mla.v_head_dim ? "" : "qk_nope_head_dim != v_head_dim";
+      };
+      b.fault = &Faults::mla_value_as_key;
     }
     return z;
   }();

@@ -21,7 +21,12 @@ namespace llmdiff::zoo {
 enum class Bug {
   RopeInterleaved, RopeTheta, RopeScalingIgnored, RopePositionReset, RepeatKvTile,
   MaskSquare, MaskMissing, KvOverwrite, LastTokenFirst, RmsnormEps, MissingBias,
-  QkNormAfterRope, SoftmaxScale, GateUpSwap, LmHead
+  QkNormAfterRope, SoftmaxScale, GateUpSwap, LmHead,
+  // mixture of experts
+  MoeSoftmaxRouting, MoeTopkNorm, MoeBiasInWeights, MoeNoCorrectionBias, MoeNoGroupLimit, MoeRoutedScale,
+  MoeSharedMissing, MoeExpertOffByOne,
+  // multi-head latent attention
+  MlaRopeLayout, MlaRopeFront, MlaMscaleMissing, MlaValueAsKey
 };
 
 // How a forward pass runs under the zoo's op-level bugs (all false: no bug).
@@ -37,6 +42,13 @@ struct Faults {
   bool softmax_scale_dh = false;    // softmax-scale
   bool gate_up_swap = false;        // gate-up-swap
   bool lm_head_embed = false;       // lm-head
+  bool moe_softmax_scoring = false;  // moe-softmax-routing
+  bool moe_bias_in_weights = false;  // moe-bias-in-weights
+  bool moe_shared_missing = false;   // moe-shared-missing
+  bool moe_expert_shift = false;     // moe-expert-off-by-one
+  bool mla_rope_front = false;       // mla-rope-front
+  bool mla_no_mscale = false;        // mla-mscale-missing
+  bool mla_value_as_key = false;     // mla-value-as-key
 };
 
 // The divergence patterns compare/'s fingerprints test (compare/diagnose.cpp);

@@ -13,11 +13,16 @@ const std::vector<std::string>& step_sites_before_layers() {
 }
 
 const std::vector<std::string>& layer_sites() {
+  // The GQA table with the MLA and MoE tables merged in, each table's order kept.
   static const std::vector<std::string> v = {
-      "attn_norm",    "attn.q",       "attn.k",      "attn.v",        "attn.q_norm", "attn.k_norm",
-      "attn.q_rope",  "attn.k_rope",  "attn.k_cache", "attn.v_cache", "attn.k_rep",  "attn.v_rep",
-      "attn.scores",  "attn.probs",   "attn.ctx",    "attn.out",      "attn_residual", "mlp_norm",
-      "mlp.gate",     "mlp.up",       "mlp.act",     "mlp.down",      "out"};
+      "attn_norm",         "attn.q_a",          "attn.q_a_norm",     "attn.q",           "attn.k",
+      "attn.v",            "attn.kv_a",         "attn.kv_a_norm",    "attn.kv",          "attn.q_norm",
+      "attn.k_norm",       "attn.k_pe",         "attn.q_rope",       "attn.k_rope",      "attn.latent_cache",
+      "attn.k_pe_cache",   "attn.k_cache",      "attn.v_cache",      "attn.k_rep",       "attn.v_rep",
+      "attn.scores",       "attn.probs",        "attn.ctx",          "attn.out",         "attn_residual",
+      "mlp_norm",          "mlp.gate",          "mlp.up",            "mlp.act",          "mlp.down",
+      "moe.router_logits", "moe.router_probs",  "moe.topk_ids",      "moe.topk_weights", "moe.expert_out",
+      "moe.routed",        "moe.shared",        "moe.out",           "out"};
   return v;
 }
 

@@ -55,7 +55,18 @@ ModelWeights::ModelWeights(const std::string& model_dir, const ModelConfig& cfg)
   std::sort(name_to_file_.begin(), name_to_file_.end());
 
   const int64_t D = cfg.hidden_size, F = cfg.intermediate_size, V = cfg.vocab_size, Dh = cfg.head_dim;
-  const int64_t QD = cfg.q_dim(), KD = cfg.kv_dim();
+  const int64_t QD = cfg.q_dim(), KD = cfg.kv_dim(), Hq = cfg.num_attention_heads;
+  const MlaConfig& mla = cfg.mla;
+  const MoeConfig& moe = cfg.moe;
+  // HF's MLP module names: LlamaMLP / Qwen*MLP / DeepseekV3MLP (gate_proj,
+  // up_proj, down_proj) or Mixtral's experts (w1 = gate, w3 = up, w2 = down).
+  auto mlp_at = [&](const std::string& p, int64_t f, bool mixtral) {
+    MlpWeights m;
+    m.gate = require(p + (mixtral ? "w1.weight" : "gate_proj.weight"), {f, D});
+    m.up = require(p + (mixtral ? "w3.weight" : "up_proj.weight"), {f, D});
+    m.down = require(p + (mixtral ? "w2.weight" : "down_proj.weight"), {D, f});
+    return m;
+  };
   embed = require("model.embed_tokens.weight", {V, D});
   final_norm = require("model.norm.weight", {D});
   if (cfg.tie_word_embeddings) {
@@ -69,10 +80,25 @@ ModelWeights::ModelWeights(const std::string& model_dir, const ModelConfig& cfg)
     LayerWeights L;
     L.input_norm = require(p + "input_layernorm.weight", {D});
     L.post_attn_norm = require(p + "post_attention_layernorm.weight", {D});
-    L.q = require(p + "self_attn.q_proj.weight", {QD, D});
-    L.k = require(p + "self_attn.k_proj.weight", {KD, D});
-    L.v = require(p + "self_attn.v_proj.weight", {KD, D});
-    L.o = require(p + "self_attn.o_proj.weight", {D, QD});
+    if (mla.enabled) {  // DeepseekV3Attention
+      const int64_t Rq = mla.q_lora_rank, Rkv = mla.kv_lora_rank, Dr = mla.qk_rope_head_dim;
+      if (Rq > 0) {
+        L.q_a = require(p + "self_attn.q_a_proj.weight", {Rq, D});
+        L.q_a_norm = require(p + "self_attn.q_a_layernorm.weight", {Rq});
+        L.q = require(p + "self_attn.q_b_proj.weight", {Hq * mla.qk_head_dim(), Rq});
+      } else {
+        L.q = require(p + "self_attn.q_proj.weight", {Hq * mla.qk_head_dim(), D});
+      }
+      L.kv_a = require(p + "self_attn.kv_a_proj_with_mqa.weight", {Rkv + Dr, D});
+      L.kv_a_norm = require(p + "self_attn.kv_a_layernorm.weight", {Rkv});
+      L.kv_b = require(p + "self_attn.kv_b_proj.weight", {Hq * (mla.qk_nope_head_dim + mla.v_head_dim), Rkv});
+      L.o = require(p + "self_attn.o_proj.weight", {D, cfg.ctx_dim()});
+    } else {
+      L.q = require(p + "self_attn.q_proj.weight", {QD, D});
+      L.k = require(p + "self_attn.k_proj.weight", {KD, D});
+      L.v = require(p + "self_attn.v_proj.weight", {KD, D});
+      L.o = require(p + "self_attn.o_proj.weight", {D, QD});
+    }
     if (cfg.qkv_bias) {
       L.q_bias = require(p + "self_attn.q_proj.bias", {QD});
       L.k_bias = require(p + "self_attn.k_proj.bias", {KD});
@@ -83,11 +109,34 @@ ModelWeights::ModelWeights(const std::string& model_dir, const ModelConfig& cfg)
       L.q_norm = require(p + "self_attn.q_norm.weight", {Dh});
       L.k_norm = require(p + "self_attn.k_norm.weight", {Dh});
     }
-    L.gate = require(p + "mlp.gate_proj.weight", {F, D});
-    L.up = require(p + "mlp.up_proj.weight", {F, D});
-    L.down = require(p + "mlp.down_proj.weight", {D, F});
+    if (!moe.is_moe_layer(i)) {
+      L.mlp = mlp_at(p + "mlp.", F, false);
+    } else {
+      const bool mixtral = cfg.family == Family::Mixtral;
+      const std::string block = p + (mixtral ? "block_sparse_moe." : "mlp.");
+      const int64_t E = moe.num_experts;
+      L.router = require(block + "gate.weight", {E, D});
+      if (moe.correction_bias) L.router_bias = require(block + "gate.e_score_correction_bias", {E});
+      for (int64_t e = 0; e < E; ++e)
+        L.experts.push_back(mlp_at(block + "experts." + std::to_string(e) + ".", moe.intermediate_size, mixtral));
+      if (moe.shared_intermediate_size > 0)
+        // Qwen2MoeSparseMoeBlock.shared_expert, DeepseekV3MoE.shared_experts
+        L.shared = mlp_at(block + (moe.shared_gate ? "shared_expert." : "shared_experts."),
+                          moe.shared_intermediate_size, false);
+      if (moe.shared_gate) L.shared_gate = require(block + "shared_expert_gate.weight", {1, D});
+    }
     layers.push_back(std::move(L));
   }
+}
+
+std::vector<const WeightView*> LayerWeights::views() const {
+  std::vector<const WeightView*> all = {&input_norm, &post_attn_norm, &q,     &k,        &v,      &o,
+                                      &q_bias,     &k_bias,         &v_bias, &o_bias,   &q_norm, &k_norm,
+                                      &q_a,        &q_a_norm,       &kv_a,  &kv_a_norm, &kv_b,   &mlp.gate,
+                                      &mlp.up,     &mlp.down,       &router, &router_bias};
+  for (const MlpWeights& e : experts) all.insert(all.end(), {&e.gate, &e.up, &e.down});
+  all.insert(all.end(), {&shared.gate, &shared.up, &shared.down, &shared_gate});
+  return all;
 }
 
 WeightView ModelWeights::find(const std::string& name) const {

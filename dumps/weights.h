@@ -24,17 +24,33 @@ struct WeightView {
   size_t bytes() const { return size_t(numel()) * dtype_size(dtype); }
 };
 
+// A SwiGLU MLP: down(silu(gate(x)) * up(x)). A dense layer's MLP, a routed
+// expert or a shared expert.
+struct MlpWeights {
+  WeightView gate, up, down;  // [F, D], [F, D], [D, F]
+};
+
 struct LayerWeights {
   WeightView input_norm, post_attn_norm;            // [D]
+  // GQA attention. MLA: q is q_b_proj [Hq*(Dn+Dr), Rq] (q_proj [.., D] without
+  // q_lora_rank) and o is [D, Hq*Dv]; k, v absent.
   WeightView q, k, v, o;                            // [Hq*Dh, D], [Hkv*Dh, D] x2, [D, Hq*Dh]
   WeightView q_bias, k_bias, v_bias, o_bias;        // optional
   WeightView q_norm, k_norm;                        // [Dh], Qwen3 only
-  WeightView gate, up, down;                        // [F, D], [F, D], [D, F]
+  // MLA (deepseek_v3): q_a_proj [Rq, D], q_a_layernorm [Rq] (absent without
+  // q_lora_rank), kv_a_proj_with_mqa [Rkv+Dr, D], kv_a_layernorm [Rkv],
+  // kv_b_proj [Hq*(Dn+Dv), Rkv].
+  WeightView q_a, q_a_norm, kv_a, kv_a_norm, kv_b;
+  MlpWeights mlp;                                   // a dense layer's MLP
+  // A MoE layer: the router [E, D], deepseek_v3's e_score_correction_bias
+  // [E], the routed experts, the shared expert (absent: none) and
+  // qwen2_moe's shared_expert_gate [1, D].
+  WeightView router, router_bias;
+  std::vector<MlpWeights> experts;
+  MlpWeights shared;
+  WeightView shared_gate;
   // Every weight of the layer, absent optional ones included (test with bool).
-  std::array<const WeightView*, 15> views() const {
-    return {&input_norm, &post_attn_norm, &q, &k, &v, &o, &q_bias, &k_bias, &v_bias, &o_bias, &q_norm, &k_norm,
-            &gate, &up, &down};
-  }
+  std::vector<const WeightView*> views() const;
 };
 
 class ModelWeights {

@@ -54,6 +54,20 @@ void check_model(const ModelConfig& c, const ModelWeights& weights) {
   same("num_key_value_heads * head_dim", c.kv_dim(), loaded.kv_dim());
   same("head_dim", c.head_dim, loaded.head_dim);
   same("vocab_size", c.vocab_size, loaded.vocab_size);
+  same("the routed experts", c.moe.num_experts, loaded.moe.num_experts);
+  same("moe_intermediate_size", c.moe.intermediate_size, loaded.moe.intermediate_size);
+  same("the shared expert's intermediate size", c.moe.shared_intermediate_size, loaded.moe.shared_intermediate_size);
+  same("multi-head latent attention", c.mla.enabled, loaded.mla.enabled);
+  same("q_lora_rank", c.mla.q_lora_rank, loaded.mla.q_lora_rank);
+  same("kv_lora_rank", c.mla.kv_lora_rank, loaded.mla.kv_lora_rank);
+  same("qk_nope_head_dim", c.mla.qk_nope_head_dim, loaded.mla.qk_nope_head_dim);
+  same("v_head_dim", c.mla.v_head_dim, loaded.mla.v_head_dim);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    if (c.moe.is_moe_layer(i) != loaded.moe.is_moe_layer(i))
+      fail("layer " + std::to_string(i) + " is " + (c.moe.is_moe_layer(i) ? "MoE" : "dense") +
+           " in the config but the weights were loaded for the other kind");
+  if (c.moe.enabled() && (c.moe.top_k < 1 || c.moe.top_k > c.moe.num_experts))
+    fail("the ref needs 1 <= num_experts_per_tok <= the experts");
   if (int64_t(weights.layers.size()) != c.num_hidden_layers)
     fail("the checkpoint holds " + std::to_string(weights.layers.size()) + " layers, the config " +
          std::to_string(c.num_hidden_layers));
@@ -128,7 +142,9 @@ int64_t argmax_row(const torch::Tensor& row) {
   return argmax_first(std::vector<float>(f.data_ptr<float>(), f.data_ptr<float>() + f.numel()));
 }
 
-bool is_cache_site(const std::string& site) { return site == "attn.k_cache" || site == "attn.v_cache"; }
+bool is_cache_site(const std::string& site) {
+  return site == "attn.k_cache" || site == "attn.v_cache" || site == "attn.latent_cache" || site == "attn.k_pe_cache";
+}
 
 }  // namespace
 
@@ -522,7 +538,8 @@ Graph::Value Graph::compute_uncached(const CanonName& c) {
   // LlamaDecoderLayer.forward
   if (c.kind != CanonName::Kind::Layer || c.layer < 0 || c.layer >= int64_t(w_.num_layers())) return v;
   const int l = c.layer;
-  auto W = [&](LayerWeight which) { return w_.weight(l, which); };  // converted as needed
+  const LayerWeights& L = w_.layer(l);
+  auto W = [&](const WeightView& which) { return w_.weight(which); };  // converted as needed
   const std::string& site = c.site;
   auto here = [&](const std::string& x) { return input(layer_name(s, l, x), v); };
   auto at_layer = [l](int k, const std::string& x) { return layer_name(k, l, x); };
@@ -539,23 +556,152 @@ Graph::Value Graph::compute_uncached(const CanonName& c) {
   auto repeat = [&](const torch::Tensor& kv) {  // [Hkv, S, Dh] -> [Hq, S, Dh]
     return f.repeat_kv_tile ? repeat_kv_tile(kv, n_rep) : ops::repeat_kv(kv, n_rep);
   };
-  // DynamicCache.update: the first call stores the tensors, later ones concatenate.
-  auto cache = [&](const std::string& which, const torch::Tensor& fresh) {  // fresh [Hkv, T, Dh]
+  // DynamicCache.update: the first call stores the tensors, later ones
+  // concatenate along the sequence axis (`dim`: 1 for [H, S, *] caches, 0
+  // for MLA's [S, *] latent and k_pe caches).
+  auto cache = [&](const std::string& which, const torch::Tensor& fresh, int64_t dim = 1) {
     if (s == 0 || f.kv_overwrite) return fresh;
-    return torch::cat({input(layer_name(s - 1, l, which), v), fresh}, 1);  // [Hkv, S, Dh]
+    return torch::cat({input(layer_name(s - 1, l, which), v), fresh}, dim);
   };
   const bool qk = cfg_.qk_norm;
   const bool qk_late = qk && f.qk_norm_after_rope;
+  const bool mla = cfg_.mla.enabled;
+  const bool moe = cfg_.moe.is_moe_layer(l);
+  const bool gqa_site = site == "attn.k" || site == "attn.v" || site == "attn.q_norm" || site == "attn.k_norm" ||
+                        site == "attn.k_rep" || site == "attn.v_rep";
+  const bool mla_site = site == "attn.q_a" || site == "attn.q_a_norm" || site == "attn.kv_a" ||
+                        site == "attn.kv_a_norm" || site == "attn.kv" || site == "attn.k_pe" ||
+                        site == "attn.latent_cache" || site == "attn.k_pe_cache";
+  if ((mla && gqa_site) || (!mla && mla_site)) return v;  // not a site of this attention
+  if (moe ? site.compare(0, 4, "mlp.") == 0 : site.compare(0, 4, "moe.") == 0) return v;
+
+  // DeepseekV3Attention: low-rank q and kv, one rope part shared by the heads.
+  if (mla) {
+    const MlaConfig& m = cfg_.mla;
+    const int64_t Dn = m.qk_nope_head_dim, Dr = m.qk_rope_head_dim, Dv = m.v_head_dim, Rkv = m.kv_lora_rank;
+    const double lora_eps = 1e-6;  // DeepseekV3RMSNorm(rank) built without eps
+    auto rope_mla = [&](const torch::Tensor& x) {  // x [H, T, Dr]
+      auto [cos, sin] = rope_table(s);
+      return ops::apply_rope_mla(x, cos, sin, m.rope_interleave);
+    };
+    if (site == "attn.q_a") {  // q_a_proj
+      if (m.q_lora_rank == 0) return v;
+      return project("attn_norm", W(L.q_a), {});  // [T, Rq]
+    } else if (site == "attn.q_a_norm") {  // q_a_layernorm
+      if (m.q_lora_rank == 0) return v;
+      v.t = ops::rms_norm(here("attn.q_a"), W(L.q_a_norm), lora_eps);  // [T, Rq]
+      return v;
+    } else if (site == "attn.q") {  // q_b_proj (q_proj without q_lora_rank)
+      return project(m.q_lora_rank > 0 ? "attn.q_a_norm" : "attn_norm", W(L.q), {});  // [T, Hq*(Dn+Dr)]
+    } else if (site == "attn.kv_a") {  // kv_a_proj_with_mqa
+      return project("attn_norm", W(L.kv_a), {});  // [T, Rkv+Dr]
+    } else if (site == "attn.kv_a_norm") {  // kv_a_layernorm of the latent part
+      v.t = ops::rms_norm(here("attn.kv_a").narrow(-1, 0, Rkv), W(L.kv_a_norm), lora_eps);  // [T, Rkv]
+      return v;
+    } else if (site == "attn.kv") {  // kv_b_proj
+      return project("attn.kv_a_norm", W(L.kv_b), {});  // [T, Hq*(Dn+Dv)]
+    } else if (site == "attn.k_pe") {  // k_rot.view(b, 1, s, Dr), rotated
+      v.t = rope_mla(here("attn.kv_a").narrow(-1, Rkv, Dr).unsqueeze(0)).squeeze(0);  // [T, Dr]
+      return v;
+    } else if (site == "attn.q_rope") {  // cat(q_pass, rope(q_rot))
+      torch::Tensor q = here("attn.q").view({t, Hq, Dn + Dr}).transpose(0, 1);  // [Hq, T, Dn+Dr]
+      const int64_t rot = f.mla_rope_front ? 0 : Dn, pass = f.mla_rope_front ? Dr : 0;
+      v.t = torch::cat({q.narrow(-1, pass, Dn), rope_mla(q.narrow(-1, rot, Dr))}, -1);  // [Hq, T, Dn+Dr]
+      return v;
+    } else if (site == "attn.k_rope") {  // cat(k_pass, k_rot.expand(...))
+      torch::Tensor kv = here("attn.kv").view({t, Hq, Dn + Dv}).transpose(0, 1);  // [Hq, T, Dn+Dv]
+      torch::Tensor k_pe = here("attn.k_pe").unsqueeze(0).expand({Hq, t, Dr});    // [Hq, T, Dr]
+      const int64_t key_at = f.mla_value_as_key ? Dn : 0;                         // the value rows (Dv == Dn)
+      v.t = torch::cat({kv.narrow(-1, key_at, Dn), k_pe}, -1);                    // [Hq, T, Dn+Dr]
+      return v;
+    } else if (site == "attn.latent_cache") {  // what an absorbed engine caches
+      v.t = cache("attn.latent_cache", here("attn.kv_a_norm"), 0);  // [S, Rkv]
+      return v;
+    } else if (site == "attn.k_pe_cache") {
+      v.t = cache("attn.k_pe_cache", here("attn.k_pe"), 0);  // [S, Dr]
+      return v;
+    } else if (site == "attn.k_cache") {  // HF's DynamicCache: full keys
+      v.t = cache("attn.k_cache", here("attn.k_rope"));  // [Hq, S, Dn+Dr]
+      return v;
+    } else if (site == "attn.v_cache") {
+      torch::Tensor kv = here("attn.kv").view({t, Hq, Dn + Dv}).transpose(0, 1);  // [Hq, T, Dn+Dv]
+      v.t = cache("attn.v_cache", kv.narrow(-1, Dn, Dv));                        // [Hq, S, Dv]
+      return v;
+    } else if (site == "attn.scores") {  // repeat_kv is the identity (Hkv == Hq)
+      const double scaling = f.softmax_scale_dh ? 1.0 / double(m.qk_head_dim())
+                             : f.mla_no_mscale  ? std::pow(double(m.qk_head_dim()), -0.5)
+                                                : cfg_.attn_scaling();
+      v.t = ops::attn_scores(here("attn.q_rope"), here("attn.k_cache"), scaling);  // [Hq, T, S]
+      return v;
+    } else if (site == "attn.ctx") {
+      v.t = ops::attn_ctx(here("attn.probs"), here("attn.v_cache"));  // [T, Hq*Dv]
+      return v;
+    }
+  }
+
+  // The MoE block on MoE layers (MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock,
+  // Qwen3MoeSparseMoeBlock, DeepseekV3MoE).
+  if (moe) {
+    const MoeConfig& m = cfg_.moe;
+    const torch::Tensor bias = m.correction_bias ? W(L.router_bias) : torch::Tensor();  // [E]
+    const bool shared = L.shared.gate && !f.moe_shared_missing;
+    auto mlp = [&](const MlpWeights& w, const torch::Tensor& x) {  // an expert, with gate-up-swap's swap
+      return f.gate_up_swap ? ops::mlp(x, W(w.up), W(w.gate), W(w.down)) : ops::mlp(x, W(w.gate), W(w.up), W(w.down));
+    };
+    if (site == "moe.router_logits") {  // gate
+      v.t = ops::router_logits(here("mlp_norm"), W(L.router), m);  // [T, E]
+    } else if (site == "moe.router_probs") {  // softmax / sigmoid, float32
+      MoeConfig scoring = m;
+      if (f.moe_softmax_scoring) scoring.scoring = MoeConfig::Scoring::Softmax;
+      v.t = ops::router_probs(here("moe.router_logits"), scoring);  // [T, E]
+    } else if (site == "moe.topk_ids") {  // the choice, sorted ascending
+      const ops::Route r = ops::route(here("moe.router_probs"), bias, m, st_);
+      v.t = std::get<0>(r.ids.sort(-1));  // [T, K]
+    } else if (site == "moe.topk_weights") {
+      // HF's weights for the experts chosen: the route's own (its slot order,
+      // bit for bit) where the choice is the route's, else the same formula
+      // on the experts given.
+      torch::Tensor probs = here("moe.router_probs"), ids = here("moe.topk_ids");   // [T, E], [T, K]
+      if (f.moe_bias_in_weights) {  // the biased choice scores weighted instead
+        v.t = ops::route_weights(probs + bias.to(probs.scalar_type()).unsqueeze(0), ids, m, st_);  // [T, K]
+        return v;
+      }
+      const ops::Route r = ops::route(probs, bias, m, st_);
+      auto [route_ids, order] = r.ids.sort(-1);                                     // [T, K] each
+      torch::Tensor same = (route_ids == ids).all(-1, /*keepdim=*/true);            // [T, 1]
+      v.t = torch::where(same, r.weights.gather(1, order), ops::route_weights(probs, ids, m, st_));  // [T, K]
+    } else if (site == "moe.expert_out") {  // each chosen expert on its token, before weighting
+      torch::Tensor ids = here("moe.topk_ids");  // [T, K]
+      torch::Tensor slots = ops::route_slots(here("moe.router_probs"), ids, m);  // [T, K]
+      auto expert = [&](int64_t e, const torch::Tensor& rows) {
+        if (f.moe_expert_shift) e = (e + 1) % m.num_experts;
+        return mlp(L.experts.at(size_t(e)), rows);  // [N, D]
+      };
+      v.t = ops::experts_out(here("mlp_norm"), ids, slots, expert);  // [T, K, D]
+    } else if (site == "moe.routed") {  // sum_k weight * expert_out
+      v.t = ops::moe_combine(here("moe.expert_out"), here("moe.topk_weights"), st_);  // [T, D]
+    } else if (site == "moe.shared") {  // shared expert(s), Qwen2-MoE's behind a sigmoid gate
+      if (!shared) return v;
+      torch::Tensor x = here("mlp_norm");  // [T, D]
+      torch::Tensor y = mlp(L.shared, x);  // [T, D]
+      v.t = m.shared_gate ? torch::sigmoid(ops::linear(x, W(L.shared_gate), {})) * y : y;  // [T, D]
+    } else if (site == "moe.out") {  // routed + shared
+      v.t = shared ? here("moe.routed") + here("moe.shared") : here("moe.routed");  // [T, D]
+    } else if (site == "out") {  // residual + hidden_states
+      v.t = here("attn_residual") + here("moe.out");  // [T, D]
+    }
+    if (site.compare(0, 4, "moe.") == 0 || site == "out") return v;
+  }
 
   if (site == "attn_norm") {  // input_layernorm
-    v.t = ops::rms_norm(layer_input(), W(&LayerWeights::input_norm), eps);  // [T, D]
+    v.t = ops::rms_norm(layer_input(), W(L.input_norm), eps);  // [T, D]
   } else if (site == "attn.q" || site == "attn.k" || site == "attn.v") {  // q_proj / k_proj / v_proj
     const char p = site.back();
-    const torch::Tensor w = W(p == 'q' ? &LayerWeights::q : p == 'k' ? &LayerWeights::k : &LayerWeights::v);
+    const torch::Tensor w = W(p == 'q' ? L.q : p == 'k' ? L.k : L.v);
     const torch::Tensor b = !cfg_.qkv_bias ? torch::Tensor()
-                                           : W(p == 'q'   ? &LayerWeights::q_bias
-                                               : p == 'k' ? &LayerWeights::k_bias
-                                                          : &LayerWeights::v_bias);
+                                           : W(p == 'q'   ? L.q_bias
+                                               : p == 'k' ? L.k_bias
+                                                          : L.v_bias);
     return project("attn_norm", w, b);  // [T, H*Dh]
   } else if (site == "attn.q_norm" || site == "attn.k_norm") {  // Qwen3Attention: per head, before the transpose
     if (!qk) return v;
@@ -563,7 +709,7 @@ Graph::Value Graph::compute_uncached(const CanonName& c) {
     const int64_t H = is_q ? Hq : Hkv;
     torch::Tensor x = here(is_q ? "attn.q" : "attn.k").view({t, H, Dh});             // [T, H, Dh]
     if (qk_late) x = rope(x.transpose(0, 1)).transpose(0, 1);                       // [T, H, Dh]
-    v.t = ops::rms_norm(x, W(is_q ? &LayerWeights::q_norm : &LayerWeights::k_norm), eps).reshape({t, H * Dh});   // [T, H*Dh]
+    v.t = ops::rms_norm(x, W(is_q ? L.q_norm : L.k_norm), eps).reshape({t, H * Dh});   // [T, H*Dh]
   } else if (site == "attn.q_rope" || site == "attn.k_rope") {  // apply_rotary_pos_emb
     const bool is_q = site == "attn.q_rope";
     const int64_t H = is_q ? Hq : Hkv;
@@ -591,20 +737,20 @@ Graph::Value Graph::compute_uncached(const CanonName& c) {
   } else if (site == "attn.ctx") {  // probs @ v, heads merged
     v.t = ops::attn_ctx(here("attn.probs"), here("attn.v_rep"));  // [T, Hq*Dh]
   } else if (site == "attn.out") {  // o_proj
-    return project("attn.ctx", W(&LayerWeights::o), cfg_.o_bias ? W(&LayerWeights::o_bias) : torch::Tensor());  // [T, D]
+    return project("attn.ctx", W(L.o), cfg_.o_bias ? W(L.o_bias) : torch::Tensor());  // [T, D] (ctx [T, Hq*Dv] for MLA)
   } else if (site == "attn_residual") {  // residual + hidden_states
     v.t = layer_input() + here("attn.out");  // [T, D]
   } else if (site == "mlp_norm") {  // post_attention_layernorm
-    v.t = ops::rms_norm(here("attn_residual"), W(&LayerWeights::post_attn_norm), eps);  // [T, D]
+    v.t = ops::rms_norm(here("attn_residual"), W(L.post_attn_norm), eps);  // [T, D]
   } else if (site == "mlp.gate") {  // LlamaMLP.gate_proj
-    return project("mlp_norm", W(&LayerWeights::gate), {});  // [T, F]
+    return project("mlp_norm", W(L.mlp.gate), {});  // [T, F]
   } else if (site == "mlp.up") {  // up_proj
-    return project("mlp_norm", W(&LayerWeights::up), {});  // [T, F]
+    return project("mlp_norm", W(L.mlp.up), {});  // [T, F]
   } else if (site == "mlp.act") {  // act_fn(gate) * up
     torch::Tensor g = here("mlp.gate"), u = here("mlp.up");
     v.t = f.gate_up_swap ? ops::swiglu(u, g) : ops::swiglu(g, u);  // [T, F]
   } else if (site == "mlp.down") {  // down_proj
-    return project("mlp.act", W(&LayerWeights::down), {});  // [T, D]
+    return project("mlp.act", W(L.mlp.down), {});  // [T, D]
   } else if (site == "out") {  // residual + hidden_states
     v.t = here("attn_residual") + here("mlp.down");  // [T, D]
   }

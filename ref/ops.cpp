@@ -313,7 +313,8 @@ torch::Tensor causal_mask(int64_t T, int64_t P, int64_t sliding_window, torch::S
 }
 
 torch::Tensor causal_mask(const ModelConfig& cfg, int64_t T, int64_t P, torch::ScalarType dtype) {
-  const bool sliding_style = cfg.family != Family::Llama || cfg.model_type == "mistral";
+  const bool sliding_style = cfg.family == Family::Qwen2 || cfg.family == Family::Qwen3 || cfg.family == Family::Mixtral ||
+                             cfg.model_type == "mistral";  // DeepseekV3Model builds the Llama mask
   return build_causal_mask(T, P, sliding_style, cfg.sliding_window, dtype);
 }
 

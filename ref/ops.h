@@ -15,6 +15,8 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <functional>
+
 #include "dumps/config.h"
 
 namespace llmdiff::ref::ops {
@@ -84,5 +86,59 @@ torch::Tensor attn_ctx(const torch::Tensor& probs, const torch::Tensor& v_rep);
 
 // LlamaMLP's act_fn(gate) * up with act_fn = silu.
 torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up);
+
+// ---------------------------------------------------------------------------
+// Multi-head latent attention (modeling_deepseek_v3.py)
+
+// apply_rotary_pos_emb_interleave for one tensor (the adjacent pairs of the
+// rope dims reordered to halves, then rotate-half RoPE), or apply_rope when
+// `interleave` is false. x [H, T, Dr], cos/sin [T, Dr].
+torch::Tensor apply_rope_mla(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                             bool interleave);
+
+// ---------------------------------------------------------------------------
+// Mixture of experts (modeling_mixtral.py, modeling_qwen2_moe.py,
+// modeling_qwen3_moe.py, modeling_deepseek_v3.py)
+
+// The router's linear: gate(x) in the model dtype, or (DeepseekV3TopkRouter)
+// F.linear(x.float32, W.float32). x [T, D], W [E, D] -> [T, E].
+torch::Tensor router_logits(const torch::Tensor& x, const torch::Tensor& w, const MoeConfig& moe);
+// softmax(logits, dtype=float32) or sigmoid(logits): [T, E] float32.
+torch::Tensor router_probs(const torch::Tensor& logits, const MoeConfig& moe);
+
+// The routing decision in HF's slot order (torch.topk's): ids [T, K] int64,
+// weights [T, K] (model dtype for softmax routers, float32 for DeepSeek-V3).
+struct Route {
+  torch::Tensor ids, weights;
+};
+// Softmax routers: top-K of probs, renormalised (norm_topk_prob), cast to
+// `dtype`. DeepSeek-V3: choice on probs + bias among the topk_group best
+// groups (0.0 fill), weights the unbiased probs of the chosen,
+// / (sum + 1e-20), * routed_scaling_factor. `bias` [E] (undefined: none).
+Route route(const torch::Tensor& probs, const torch::Tensor& bias, const MoeConfig& moe, torch::ScalarType dtype);
+// The weights HF gives experts `ids` [T, K] of a token (any order):
+// route()'s formula on those experts, the renormalising sum taken in HF's
+// slot order (descending probability for softmax routers).
+torch::Tensor route_weights(const torch::Tensor& probs, const torch::Tensor& ids, const MoeConfig& moe,
+                            torch::ScalarType dtype);
+// The slot-major row order Mixtral / Qwen*-MoE gather each expert's tokens
+// in (torch.where over expert_mask[e] = [K, T]): for each (token, k) of ids
+// [T, K] sorted ascending, its slot in HF's topk order (descending
+// probability). DeepSeek-V3 gathers token-major: slot 0 for all.
+torch::Tensor route_slots(const torch::Tensor& probs, const torch::Tensor& ids, const MoeConfig& moe);
+
+// One expert (a SwiGLU MLP): down(silu(gate(x)) * up(x)).
+torch::Tensor mlp(const torch::Tensor& x, const torch::Tensor& gate, const torch::Tensor& up,
+                  const torch::Tensor& down);
+// Every chosen expert's output for its token, [T, K, D] in the order of ids
+// [T, K]: expert e (ascending) runs once on its tokens, gathered in the order
+// HF gathers them (by `slots`, then token). `expert(e, rows)` runs expert e.
+torch::Tensor experts_out(const torch::Tensor& x, const torch::Tensor& ids, const torch::Tensor& slots,
+                          const std::function<torch::Tensor(int64_t, const torch::Tensor&)>& expert);
+// The routed sum, HF's index_add_ loop: per token, over its experts in
+// ascending id (ids sorted ascending), acc = acc + expert_out * weight from
+// zero; the accumulator has weights' dtype (float32 for DeepSeek-V3: cast to
+// `dtype` at the end). expert_out [T, K, D], weights [T, K] -> [T, D].
+torch::Tensor moe_combine(const torch::Tensor& expert_out, const torch::Tensor& weights, torch::ScalarType dtype);
 
 }  // namespace llmdiff::ref::ops

@@ -72,14 +72,17 @@ LayerByLayerWeights::LayerByLayerWeights(const ModelWeights& w, torch::ScalarTyp
   final_norm = weight_tensor(w.final_norm, st);
 }
 
-torch::Tensor LayerByLayerWeights::weight(int l, LayerWeight which) {
+const LayerWeights& LayerByLayerWeights::layer(int l) const {
   if (l < 0 || size_t(l) >= w_.layers.size())
     throw UsageError("layer " + std::to_string(l) + " out of range (" + std::to_string(w_.layers.size()) + " layers)");
-  const WeightView& v = w_.layers[size_t(l)].*which;
+  return w_.layers[size_t(l)];
+}
+
+torch::Tensor LayerByLayerWeights::weight(const WeightView& v) {
   if (!v) return {};
   ++clock_;
   for (Entry& e : held_)
-    if (e.layer == l && e.which == which) {
+    if (e.view == &v) {
       e.used = clock_;
       return e.t;
     }
@@ -91,7 +94,7 @@ torch::Tensor LayerByLayerWeights::weight(int l, LayerWeight which) {
   while (budget_ > 0 && !held_.empty() && held_bytes_ + bytes > budget_) {
     auto lru = std::min_element(held_.begin(), held_.end(), [](const Entry& a, const Entry& b) { return a.used < b.used; });
     if (lru->in_place) {
-      release(w_.layers[size_t(lru->layer)].*(lru->which));
+      release(*lru->view);
     } else if (!in_place && !reuse.defined() && lru->t.sizes() == c10::IntArrayRef(v.shape) &&
                lru->t.use_count() == 1 && lru->t.storage().use_count() == 1) {
       reuse = std::move(lru->t);  // nobody else holds it: its pages are reused
@@ -100,8 +103,7 @@ torch::Tensor LayerByLayerWeights::weight(int l, LayerWeight which) {
     held_.erase(lru);
   }
   Entry e;
-  e.layer = l;
-  e.which = which;
+  e.view = &v;
   e.bytes = bytes;
   e.used = clock_;
   e.in_place = in_place;

@@ -15,9 +15,6 @@ namespace llmdiff::ref {
 // F32, BF16 or F16.
 torch::Tensor weight_tensor(const WeightView& w, torch::ScalarType st);
 
-// One weight of a decoder layer: &LayerWeights::q, &LayerWeights::gate, ...
-using LayerWeight = WeightView LayerWeights::*;
-
 // A checkpoint's weights for the decoder graph (ref/graph.h), converted to
 // the compute dtype as the graph asks for them, a matrix at a time.
 // Tensors may alias the checkpoint's mmap (stored in the compute dtype): the
@@ -42,9 +39,12 @@ class LayerByLayerWeights {
                       int64_t whole_limit = int64_t(256) << 20);
   torch::ScalarType st() const { return st_; }
   size_t num_layers() const { return w_.layers.size(); }
-  // The weight of layer `l` (undefined when the checkpoint lacks an optional
-  // one). Throws UsageError for a layer out of range.
-  torch::Tensor weight(int l, LayerWeight which);
+  // Layer `l`'s weights in place. Throws UsageError for a layer out of range.
+  const LayerWeights& layer(int l) const;
+  // A weight of one of layer(l)'s views, e.g. weight(layer(l).q) or
+  // weight(layer(l).experts[e].down), converted (undefined when the
+  // checkpoint lacks an optional one).
+  torch::Tensor weight(const WeightView& v);
   int64_t conversions() const { return conversions_; }  // matrices converted so far
   torch::Tensor final_norm;  // [D]
 
@@ -56,8 +56,7 @@ class LayerByLayerWeights {
 
  private:
   struct Entry {
-    int layer = -1;
-    LayerWeight which = nullptr;
+    const WeightView* view = nullptr;
     torch::Tensor t;
     int64_t bytes = 0, used = 0;
     bool in_place = false;

@@ -70,6 +70,38 @@ json qwen3_base() {
               {"use_sliding_window", false}};
 }
 
+json qwen3_moe_base() {
+  return json{{"architectures", json::array({"Qwen3MoeForCausalLM"})},
+              {"attention_bias", false},
+              {"attention_dropout", 0.0},
+              {"decoder_sparse_step", 1},
+              {"hidden_act", "silu"},
+              {"initializer_range", 0.02},
+              {"mlp_only_layers", json::array()},
+              {"model_type", "qwen3_moe"},
+              {"norm_topk_prob", true},
+              {"output_router_logits", false},
+              {"rope_scaling", nullptr},
+              {"router_aux_loss_coef", 0.001},
+              {"transformers_version", "4.51.3"},
+              {"use_cache", true},
+              {"use_sliding_window", false}};
+}
+
+json deepseek_v3_base() {
+  return json{{"architectures", json::array({"DeepseekV3ForCausalLM"})},
+              {"attention_bias", false},
+              {"attention_dropout", 0.0},
+              {"hidden_act", "silu"},
+              {"initializer_range", 0.02},
+              {"model_type", "deepseek_v3"},
+              {"pretraining_tp", 1},
+              {"rope_interleave", true},
+              {"rope_scaling", nullptr},
+              {"transformers_version", "4.51.3"},
+              {"use_cache", true}};
+}
+
 json with(json base, const json& fields) {
   base.update(fields);
   return base;
@@ -239,6 +271,126 @@ const std::vector<PresetDef>& preset_defs() {
                                      {"tie_word_embeddings", true},
                                      {"torch_dtype", "float32"},
                                      {"vocab_size", 2048}})});
+    d.push_back({{"qwen3-30b-a3b", "Qwen3-30B-A3B: 48 MoE layers, hidden 2048, GQA 32/4, head_dim 128, 128 experts "
+                                   "(top 8, F 768), vocab 151936, untied"},
+                 with(qwen3_moe_base(), {{"bos_token_id", 151643},
+                                         {"eos_token_id", 151645},
+                                         {"head_dim", 128},
+                                         {"hidden_size", 2048},
+                                         {"intermediate_size", 6144},
+                                         {"max_position_embeddings", 40960},
+                                         {"max_window_layers", 48},
+                                         {"moe_intermediate_size", 768},
+                                         {"num_attention_heads", 32},
+                                         {"num_experts", 128},
+                                         {"num_experts_per_tok", 8},
+                                         {"num_hidden_layers", 48},
+                                         {"num_key_value_heads", 4},
+                                         {"rms_norm_eps", 1e-06},
+                                         {"rope_theta", 1000000.0},
+                                         {"sliding_window", nullptr},
+                                         {"tie_word_embeddings", false},
+                                         {"torch_dtype", "bfloat16"},
+                                         {"vocab_size", 151936}})});
+    d.push_back({{"deepseek-v2-lite", "DeepSeek-V2-Lite shapes as deepseek_v3: 27 layers (first dense), hidden 2048, MLA "
+                                      "16 heads (kv_lora 512, nope 128, rope 64, v 128, no q_lora), 64 experts (top 6, "
+                                      "F 1408) + 2 shared, yarn x40, vocab 102400"},
+                 with(deepseek_v3_base(),
+                      {{"bos_token_id", 100000},
+                       {"eos_token_id", 100001},
+                       {"first_k_dense_replace", 1},
+                       {"head_dim", 64},
+                       {"hidden_size", 2048},
+                       {"intermediate_size", 10944},
+                       {"kv_lora_rank", 512},
+                       {"max_position_embeddings", 163840},
+                       {"moe_intermediate_size", 1408},
+                       {"n_group", 1},
+                       {"n_routed_experts", 64},
+                       {"n_shared_experts", 2},
+                       {"norm_topk_prob", false},
+                       {"num_attention_heads", 16},
+                       {"num_experts_per_tok", 6},
+                       {"num_hidden_layers", 27},
+                       {"num_key_value_heads", 16},
+                       {"q_lora_rank", nullptr},
+                       {"qk_nope_head_dim", 128},
+                       {"qk_rope_head_dim", 64},
+                       {"rms_norm_eps", 1e-06},
+                       {"rope_scaling", json{{"beta_fast", 32},
+                                             {"beta_slow", 1},
+                                             {"factor", 40},
+                                             {"mscale", 0.707},
+                                             {"mscale_all_dim", 0.707},
+                                             {"original_max_position_embeddings", 4096},
+                                             {"type", "yarn"}}},
+                       {"rope_theta", 10000},
+                       {"routed_scaling_factor", 1.0},
+                       {"tie_word_embeddings", false},
+                       {"topk_group", 1},
+                       {"torch_dtype", "bfloat16"},
+                       {"v_head_dim", 128},
+                       {"vocab_size", 102400}})});
+    d.push_back({{"tiny-qwen3-moe", "small Qwen3-MoE: 2 layers, hidden 256, GQA 4/2, head_dim 64, 16 experts (top 4, "
+                                    "F 128), vocab 4096, tied"},
+                 with(qwen3_moe_base(), {{"bos_token_id", 1},
+                                         {"eos_token_id", 2},
+                                         {"head_dim", 64},
+                                         {"hidden_size", 256},
+                                         {"intermediate_size", 512},
+                                         {"max_position_embeddings", 4096},
+                                         {"max_window_layers", 2},
+                                         {"moe_intermediate_size", 128},
+                                         {"num_attention_heads", 4},
+                                         {"num_experts", 16},
+                                         {"num_experts_per_tok", 4},
+                                         {"num_hidden_layers", 2},
+                                         {"num_key_value_heads", 2},
+                                         {"rms_norm_eps", 1e-06},
+                                         {"rope_theta", 1000000.0},
+                                         {"sliding_window", nullptr},
+                                         {"tie_word_embeddings", true},
+                                         {"torch_dtype", "float32"},
+                                         {"vocab_size", 4096}})});
+    d.push_back({{"tiny-deepseek", "small DeepSeek-V3: 3 layers (first dense), hidden 256, MLA 8 heads (q_lora 128, "
+                                   "kv_lora 64, nope 32, rope 16, v 32), 16 experts in 4 groups (top 4 of 2 groups, F "
+                                   "128) + 1 shared, yarn x4, vocab 4096"},
+                 with(deepseek_v3_base(),
+                      {{"bos_token_id", 0},
+                       {"eos_token_id", 1},
+                       {"first_k_dense_replace", 1},
+                       {"head_dim", 16},
+                       {"hidden_size", 256},
+                       {"intermediate_size", 512},
+                       {"kv_lora_rank", 64},
+                       {"max_position_embeddings", 16384},
+                       {"moe_intermediate_size", 128},
+                       {"n_group", 4},
+                       {"n_routed_experts", 16},
+                       {"n_shared_experts", 1},
+                       {"norm_topk_prob", true},
+                       {"num_attention_heads", 8},
+                       {"num_experts_per_tok", 4},
+                       {"num_hidden_layers", 3},
+                       {"num_key_value_heads", 8},
+                       {"q_lora_rank", 128},
+                       {"qk_nope_head_dim", 32},
+                       {"qk_rope_head_dim", 16},
+                       {"rms_norm_eps", 1e-06},
+                       {"rope_scaling", json{{"beta_fast", 32},
+                                             {"beta_slow", 1},
+                                             {"factor", 4},
+                                             {"mscale", 1.0},
+                                             {"mscale_all_dim", 1.0},
+                                             {"original_max_position_embeddings", 4096},
+                                             {"rope_type", "yarn"}}},
+                       {"rope_theta", 10000},
+                       {"routed_scaling_factor", 2.5},
+                       {"tie_word_embeddings", false},
+                       {"topk_group", 2},
+                       {"torch_dtype", "float32"},
+                       {"v_head_dim", 32},
+                       {"vocab_size", 4096}})});
     d.push_back({{"tiny-qwen2", "small Qwen2: 3 layers, hidden 384, GQA 6/2, q/k/v bias, vocab 4096, tied"},
                  with(qwen2_base(), {{"bos_token_id", 1},
                                      {"eos_token_id", 2},
@@ -309,26 +461,63 @@ std::vector<SynthTensor> synth_tensor_plan(const ModelConfig& cfg, const SynthSc
   auto norm = [&](const std::string& name, int64_t n, double mean = 1.0) {
     plan.push_back({name, {n}, mean, s.norm_jitter});
   };
+  auto linear = [&](const std::string& name, int64_t out, int64_t in) {
+    plan.push_back({name, {out, in}, 0.0, s.linear / std::sqrt(double(in))});
+  };
+  auto mlp = [&](const std::string& p, int64_t f, bool mixtral) {  // gate, up, down (Mixtral: w1, w3, w2)
+    linear(p + (mixtral ? "w1.weight" : "gate_proj.weight"), f, D);
+    linear(p + (mixtral ? "w3.weight" : "up_proj.weight"), f, D);
+    linear(p + (mixtral ? "w2.weight" : "down_proj.weight"), D, f);
+  };
+  const MlaConfig& mla = cfg.mla;
+  const MoeConfig& moe = cfg.moe;
   plan.push_back({"model.embed_tokens.weight", {V, D}, 0.0, emb});
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
-    plan.push_back({p + "self_attn.q_proj.weight", {Q, D}, 0.0, lin_d});
-    if (cfg.qkv_bias) plan.push_back({p + "self_attn.q_proj.bias", {Q}, 0.0, s.bias});
-    plan.push_back({p + "self_attn.k_proj.weight", {KV, D}, 0.0, lin_d});
-    if (cfg.qkv_bias) plan.push_back({p + "self_attn.k_proj.bias", {KV}, 0.0, s.bias});
-    plan.push_back({p + "self_attn.v_proj.weight", {KV, D}, 0.0, lin_d});
-    if (cfg.qkv_bias) plan.push_back({p + "self_attn.v_proj.bias", {KV}, 0.0, s.bias});
-    plan.push_back({p + "self_attn.o_proj.weight", {D, Q}, 0.0, lin_q});
-    if (cfg.o_bias) plan.push_back({p + "self_attn.o_proj.bias", {D}, 0.0, s.bias});
-    if (cfg.qk_norm) {
-      // Per-head q/k RMSNorm resets q and k to unit RMS; weights of mean
-      // `linear` give the scores the spread the projections give elsewhere.
-      norm(p + "self_attn.q_norm.weight", Dh, s.linear);
-      norm(p + "self_attn.k_norm.weight", Dh, s.linear);
+    if (mla.enabled) {  // DeepseekV3Attention
+      const int64_t H = cfg.num_attention_heads, Rkv = mla.kv_lora_rank;
+      if (mla.q_lora_rank > 0) {
+        linear(p + "self_attn.q_a_proj.weight", mla.q_lora_rank, D);
+        norm(p + "self_attn.q_a_layernorm.weight", mla.q_lora_rank);
+        linear(p + "self_attn.q_b_proj.weight", H * mla.qk_head_dim(), mla.q_lora_rank);
+      } else {
+        linear(p + "self_attn.q_proj.weight", H * mla.qk_head_dim(), D);
+      }
+      linear(p + "self_attn.kv_a_proj_with_mqa.weight", Rkv + mla.qk_rope_head_dim, D);
+      norm(p + "self_attn.kv_a_layernorm.weight", Rkv);
+      linear(p + "self_attn.kv_b_proj.weight", H * (mla.qk_nope_head_dim + mla.v_head_dim), Rkv);
+      linear(p + "self_attn.o_proj.weight", D, cfg.ctx_dim());
+    } else {
+      plan.push_back({p + "self_attn.q_proj.weight", {Q, D}, 0.0, lin_d});
+      if (cfg.qkv_bias) plan.push_back({p + "self_attn.q_proj.bias", {Q}, 0.0, s.bias});
+      plan.push_back({p + "self_attn.k_proj.weight", {KV, D}, 0.0, lin_d});
+      if (cfg.qkv_bias) plan.push_back({p + "self_attn.k_proj.bias", {KV}, 0.0, s.bias});
+      plan.push_back({p + "self_attn.v_proj.weight", {KV, D}, 0.0, lin_d});
+      if (cfg.qkv_bias) plan.push_back({p + "self_attn.v_proj.bias", {KV}, 0.0, s.bias});
+      plan.push_back({p + "self_attn.o_proj.weight", {D, Q}, 0.0, lin_q});
+      if (cfg.o_bias) plan.push_back({p + "self_attn.o_proj.bias", {D}, 0.0, s.bias});
+      if (cfg.qk_norm) {
+        // Per-head q/k RMSNorm resets q and k to unit RMS; weights of mean
+        // `linear` give the scores the spread the projections give elsewhere.
+        norm(p + "self_attn.q_norm.weight", Dh, s.linear);
+        norm(p + "self_attn.k_norm.weight", Dh, s.linear);
+      }
     }
-    plan.push_back({p + "mlp.gate_proj.weight", {F, D}, 0.0, lin_d});
-    plan.push_back({p + "mlp.up_proj.weight", {F, D}, 0.0, lin_d});
-    plan.push_back({p + "mlp.down_proj.weight", {D, F}, 0.0, lin_f});
+    if (moe.is_moe_layer(i)) {
+      const bool mixtral = cfg.family == Family::Mixtral;
+      const std::string block = p + (mixtral ? "block_sparse_moe." : "mlp.");
+      linear(block + "gate.weight", moe.num_experts, D);
+      if (moe.correction_bias) plan.push_back({block + "gate.e_score_correction_bias", {moe.num_experts}, 0.0, s.bias});
+      for (int64_t e = 0; e < moe.num_experts; ++e)
+        mlp(block + "experts." + std::to_string(e) + ".", moe.intermediate_size, mixtral);
+      if (moe.shared_intermediate_size > 0)
+        mlp(block + (moe.shared_gate ? "shared_expert." : "shared_experts."), moe.shared_intermediate_size, false);
+      if (moe.shared_gate) linear(block + "shared_expert_gate.weight", 1, D);
+    } else {
+      plan.push_back({p + "mlp.gate_proj.weight", {F, D}, 0.0, lin_d});
+      plan.push_back({p + "mlp.up_proj.weight", {F, D}, 0.0, lin_d});
+      plan.push_back({p + "mlp.down_proj.weight", {D, F}, 0.0, lin_f});
+    }
     norm(p + "input_layernorm.weight", D);
     norm(p + "post_attention_layernorm.weight", D);
   }

@@ -165,14 +165,14 @@ TEST(CliSynth, CheckpointLoadsWithTheConfigShapes) {
   ASSERT_EQ(w.layers.size(), 4u);
   EXPECT_EQ(w.layers[2].q.shape, (Shape{512, 512}));
   EXPECT_EQ(w.layers[2].k.shape, (Shape{128, 512}));
-  EXPECT_EQ(w.layers[2].down.shape, (Shape{512, 1536}));
+  EXPECT_EQ(w.layers[2].mlp.down.shape, (Shape{512, 1536}));
   EXPECT_EQ(w.total_bytes(), r.data_bytes);
 
   // The documented scales.
   double mean, std;
   mean_std(weight_f32(w.layers[1].q), mean, std);
   EXPECT_NEAR(std, 1.5 / std::sqrt(512.0), 0.002);
-  mean_std(weight_f32(w.layers[1].down), mean, std);
+  mean_std(weight_f32(w.layers[1].mlp.down), mean, std);
   EXPECT_NEAR(std, 1.5 / std::sqrt(1536.0), 0.002);
   mean_std(weight_f32(w.layers[0].input_norm), mean, std);
   EXPECT_NEAR(mean, 1.0, 0.02);

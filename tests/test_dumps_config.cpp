@@ -2,6 +2,8 @@
 // types, and malformed configs (ConfigError naming the file).
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "dumps/config.h"
 #include "dumps/errors.h"
 #include "tests/support.h"
@@ -15,6 +17,86 @@ using json = nlohmann::json;
 
 const char* kSource = "/models/tiny/config.json";
 
+// The MoE / MLA goldens: routing and latent-attention fields as their
+// config.json writes them, and which layers are MoE.
+TEST(Config, MoeAndMlaGoldensParseToTheirValues) {
+  const ModelConfig q = load_config(golden_model("qwen3-moe"));
+  EXPECT_EQ(q.family, Family::Qwen3);
+  EXPECT_TRUE(q.qk_norm);
+  EXPECT_EQ(q.moe.num_experts, 8);
+  EXPECT_EQ(q.moe.top_k, 2);
+  EXPECT_EQ(q.moe.intermediate_size, 48);
+  EXPECT_TRUE(q.moe.norm_topk_prob);
+  EXPECT_EQ(q.moe.scoring, MoeConfig::Scoring::Softmax);
+  EXPECT_EQ(q.moe.shared_intermediate_size, 0);
+  EXPECT_TRUE(q.moe.is_moe_layer(0) && q.moe.is_moe_layer(1));
+  EXPECT_FALSE(q.mla.enabled);
+  EXPECT_EQ(q.head_dim, 32);
+
+  const ModelConfig x = load_config(golden_model("mixtral-gqa"));
+  EXPECT_EQ(x.family, Family::Mixtral);
+  EXPECT_EQ(x.moe.num_experts, 4);
+  EXPECT_EQ(x.moe.intermediate_size, 96);
+  EXPECT_TRUE(x.moe.norm_topk_prob);  // always, in MixtralSparseMoeBlock
+  EXPECT_EQ(x.sliding_window, 0);
+
+  const ModelConfig d = load_config(golden_model("deepseek-v3-mla"));
+  EXPECT_EQ(d.family, Family::DeepseekV3);
+  EXPECT_TRUE(d.mla.enabled);
+  EXPECT_EQ(d.mla.q_lora_rank, 32);
+  EXPECT_EQ(d.mla.kv_lora_rank, 32);
+  EXPECT_EQ(d.mla.qk_nope_head_dim, 16);
+  EXPECT_EQ(d.mla.qk_rope_head_dim, 8);
+  EXPECT_EQ(d.mla.v_head_dim, 16);
+  EXPECT_TRUE(d.mla.rope_interleave);
+  EXPECT_EQ(d.head_dim, 8);  // the RoPE tables' width
+  EXPECT_EQ(d.ctx_dim(), 4 * 16);
+  EXPECT_DOUBLE_EQ(d.attn_scaling(), 1.0 / std::sqrt(24.0));
+  EXPECT_EQ(d.moe.scoring, MoeConfig::Scoring::Sigmoid);
+  EXPECT_EQ(d.moe.num_experts, 8);
+  EXPECT_EQ(d.moe.n_group, 2);
+  EXPECT_EQ(d.moe.topk_group, 1);
+  EXPECT_DOUBLE_EQ(d.moe.routed_scaling_factor, 2.5);
+  EXPECT_EQ(d.moe.shared_intermediate_size, 32);
+  EXPECT_FALSE(d.moe.is_moe_layer(0));
+  EXPECT_TRUE(d.moe.is_moe_layer(1) && d.moe.is_moe_layer(2));
+}
+
+// Defaults of the MoE config classes (transformers 4.51.3), yarn's mscale in
+// the MLA scaling, and clear errors for what is not supported.
+TEST(Config, MoeDefaultsScalingAndUnsupportedVariants) {
+  auto parse = [](const std::string& body) { return parse_config(body, "config.json"); };
+  const std::string base = R"("hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+      "num_attention_heads": 4, "vocab_size": 100)";
+  const ModelConfig q2 = parse(R"({"model_type": "qwen2_moe", "head_dim": 8, "mlp_only_layers": [1],
+      "decoder_sparse_step": 2, )" + base + "}");
+  EXPECT_EQ(q2.head_dim, 16);  // hidden_size // heads, whatever head_dim says
+  EXPECT_TRUE(q2.qkv_bias);
+  EXPECT_EQ(q2.moe.num_experts, 60);
+  EXPECT_EQ(q2.moe.top_k, 4);
+  EXPECT_EQ(q2.moe.shared_intermediate_size, 5632);
+  EXPECT_TRUE(q2.moe.shared_gate);
+  EXPECT_FALSE(q2.moe.norm_topk_prob);
+  EXPECT_EQ(q2.sliding_window, 0);
+  EXPECT_FALSE(q2.moe.is_moe_layer(0));  // (0+1) % 2 != 0
+  EXPECT_FALSE(q2.moe.is_moe_layer(1));  // mlp_only_layers
+  EXPECT_TRUE(q2.moe.is_moe_layer(3));
+  const ModelConfig ds = parse(R"({"model_type": "deepseek_v3", "q_lora_rank": null, "kv_lora_rank": 16,
+      "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8, "n_routed_experts": 8, "n_group": 2,
+      "topk_group": 1, "num_experts_per_tok": 2, "max_position_embeddings": 4096,
+      "rope_scaling": {"type": "yarn", "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                       "original_max_position_embeddings": 4096}, )" + base + "}");
+  EXPECT_EQ(ds.mla.q_lora_rank, 0);
+  EXPECT_EQ(ds.moe.first_k_dense, 3);
+  const double m = 0.1 * std::log(40.0) + 1.0;
+  EXPECT_NEAR(ds.attn_scaling(), std::pow(12.0, -0.5) * m * m, 1e-15);
+  EXPECT_THROW(parse(R"({"model_type": "deepseek_v3", "num_key_value_heads": 2, )" + base + "}"), ConfigError);
+  EXPECT_THROW(parse(R"({"model_type": "deepseek_v3", "topk_method": "greedy", )" + base + "}"), ConfigError);
+  EXPECT_THROW(parse(R"({"model_type": "mixtral", "num_local_experts": 2, "num_experts_per_tok": 3, )" + base + "}"),
+               ConfigError);
+  EXPECT_THROW(parse(R"({"model_type": "qwen3_moe", "mlp_only_layers": "all", )" + base + "}"), ConfigError);
+}
+
 TEST(Config, EveryGoldenConfigParsesToItsValues) {
   for (const auto& model : golden_models()) {
     SCOPED_TRACE(model);
@@ -25,7 +107,7 @@ TEST(Config, EveryGoldenConfigParsesToItsValues) {
     EXPECT_EQ(c.source, path);
     EXPECT_EQ(c.raw_json, text);
     EXPECT_EQ(c.model_type, j["model_type"].get<std::string>());
-    EXPECT_EQ(family_name(c.family), j["model_type"].get<std::string>());
+    if (!c.moe.enabled()) EXPECT_EQ(family_name(c.family), j["model_type"].get<std::string>());
     EXPECT_EQ(c.hidden_size, j["hidden_size"].get<int64_t>());
     EXPECT_EQ(c.intermediate_size, j["intermediate_size"].get<int64_t>());
     EXPECT_EQ(c.num_hidden_layers, j["num_hidden_layers"].get<int64_t>());
@@ -45,8 +127,12 @@ TEST(Config, EveryGoldenConfigParsesToItsValues) {
     EXPECT_EQ(c.qkv_bias, c.family == Family::Qwen2);
     EXPECT_FALSE(c.o_bias);
     EXPECT_EQ(c.qk_norm, c.family == Family::Qwen3);
-    EXPECT_EQ(c.sliding_window, c.family == Family::Llama ? 0 : j["sliding_window"].get<int64_t>());
-    if (j["rope_scaling"].is_null()) {
+    const bool moe_qwen = c.model_type == "qwen2_moe" || c.model_type == "qwen3_moe";
+    EXPECT_EQ(c.sliding_window, c.family == Family::Llama || c.family == Family::DeepseekV3 ||
+                                        j["sliding_window"].is_null() || (moe_qwen && !j["use_sliding_window"].get<bool>())
+                                    ? 0
+                                    : j["sliding_window"].get<int64_t>());
+    if (!j.contains("rope_scaling") || j["rope_scaling"].is_null()) {
       EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::Default);
     } else {
       const json& r = j["rope_scaling"];

@@ -154,7 +154,7 @@ TEST(Names, SiteRankFollowsTheTables) {
   EXPECT_EQ(step_sites_before_layers().back(), "embed");
   EXPECT_EQ(layer_sites().front(), "attn_norm");
   EXPECT_EQ(layer_sites().back(), "out");
-  EXPECT_EQ(layer_sites().size(), 23u);
+  EXPECT_EQ(layer_sites().size(), 39u);
   EXPECT_EQ(step_sites_after_layers(),
             (std::vector<std::string>{"final_norm", "last_hidden", "logits", "next_logits"}));
 }

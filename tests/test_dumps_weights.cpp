@@ -103,17 +103,46 @@ void check_model(const ModelWeights& w, const std::string& golden) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     EXPECT_EQ(L.input_norm.shape, Shape{D});
     EXPECT_EQ(L.post_attn_norm.shape, Shape{D});
-    EXPECT_EQ(L.q.shape, (Shape{QD, D}));
-    EXPECT_EQ(L.k.shape, (Shape{KD, D}));
-    EXPECT_EQ(L.v.shape, (Shape{KD, D}));
-    EXPECT_EQ(L.o.shape, (Shape{D, QD}));
-    EXPECT_EQ(L.gate.shape, (Shape{F, D}));
-    EXPECT_EQ(L.up.shape, (Shape{F, D}));
-    EXPECT_EQ(L.down.shape, (Shape{D, F}));
-    EXPECT_EQ(L.q.name, p + "self_attn.q_proj.weight");
-    EXPECT_EQ(L.down.name, p + "mlp.down_proj.weight");
-    for (const WeightView* v : {&L.input_norm, &L.post_attn_norm, &L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down})
-      EXPECT_TRUE(same_bytes(*v)) << v->name;
+    // Every view is the stored tensor of its name, bytes and all.
+    for (const WeightView* v : L.views())
+      if (*v) EXPECT_TRUE(same_bytes(*v)) << v->name;
+    if (c.mla.enabled) {
+      const MlaConfig& a = c.mla;
+      EXPECT_EQ(L.q.name, p + "self_attn.q_b_proj.weight");
+      EXPECT_EQ(L.q.shape, (Shape{c.num_attention_heads * a.qk_head_dim(), a.q_lora_rank}));
+      EXPECT_EQ(L.kv_a.shape, (Shape{a.kv_lora_rank + a.qk_rope_head_dim, D}));
+      EXPECT_EQ(L.kv_b.shape, (Shape{c.num_attention_heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank}));
+      EXPECT_EQ(L.o.shape, (Shape{D, c.ctx_dim()}));
+      EXPECT_FALSE(L.k || L.v);
+    } else {
+      EXPECT_EQ(L.q.shape, (Shape{QD, D}));
+      EXPECT_EQ(L.k.shape, (Shape{KD, D}));
+      EXPECT_EQ(L.v.shape, (Shape{KD, D}));
+      EXPECT_EQ(L.o.shape, (Shape{D, QD}));
+      EXPECT_EQ(L.q.name, p + "self_attn.q_proj.weight");
+      EXPECT_FALSE(L.q_a || L.kv_a || L.kv_b);
+    }
+    if (c.moe.is_moe_layer(int64_t(i))) {
+      const int64_t Fe = c.moe.intermediate_size;
+      EXPECT_FALSE(L.mlp.gate);
+      EXPECT_EQ(L.router.shape, (Shape{c.moe.num_experts, D}));
+      EXPECT_EQ(bool(L.router_bias), c.moe.correction_bias);
+      ASSERT_EQ(int64_t(L.experts.size()), c.moe.num_experts);
+      for (const MlpWeights& e : L.experts) {
+        EXPECT_EQ(e.gate.shape, (Shape{Fe, D}));
+        EXPECT_EQ(e.down.shape, (Shape{D, Fe}));
+      }
+      EXPECT_EQ(L.experts[1].up.name, p + (c.family == Family::Mixtral ? "block_sparse_moe.experts.1.w3.weight"
+                                                                         : "mlp.experts.1.up_proj.weight"));
+      EXPECT_EQ(bool(L.shared.gate), c.moe.shared_intermediate_size > 0);
+    } else {
+      EXPECT_EQ(L.mlp.gate.shape, (Shape{F, D}));
+      EXPECT_EQ(L.mlp.up.shape, (Shape{F, D}));
+      EXPECT_EQ(L.mlp.down.shape, (Shape{D, F}));
+      EXPECT_EQ(L.mlp.down.name, p + "mlp.down_proj.weight");
+      EXPECT_TRUE(L.experts.empty());
+      EXPECT_FALSE(L.router);
+    }
     EXPECT_EQ(bool(L.q_bias), c.qkv_bias);
     EXPECT_EQ(bool(L.k_bias), c.qkv_bias);
     EXPECT_EQ(bool(L.v_bias), c.qkv_bias);
@@ -230,7 +259,7 @@ TEST(Weights, StorageDtypes) {
   std::string dir = model_dir("f16", golden_config("llama-gqa"), ts);
   Model m = Model::load(dir);
   EXPECT_EQ(m.weights->storage_dtype(), DType::F16);
-  EXPECT_EQ(m.weights->layers[1].up.dtype, DType::F16);
+  EXPECT_EQ(m.weights->layers[1].mlp.up.dtype, DType::F16);
 
   // F64 (or integer) weights are not.
   ts = golden_tensors("llama-gqa");
@@ -296,7 +325,7 @@ TEST(WeightsSharded, TwoShardCopyOfEveryGoldenCheckpointLoads) {
     check_model(*m.weights, model);
     // Views point into the shard that holds them.
     EXPECT_EQ(m.weights->embed.file, dir + "/model-00001-of-00002.safetensors");
-    EXPECT_EQ(m.weights->layers.back().down.file, dir + "/model-00002-of-00002.safetensors");
+    EXPECT_EQ(m.weights->layers.back().o.file, dir + "/model-00002-of-00002.safetensors");
   }
 }
 

@@ -236,36 +236,34 @@ TEST(RefLayerByLayerWeights, SameValuesAsEachWeightConvertedAloneAndBuffersReuse
     EXPECT_TRUE(torch::allclose(blocks.head(x, /*embed_matrix=*/true), torch::matmul(x, embed.t()), 1e-12, 1e-12));
     // Every weight of a layer as converting it alone gives.
     for (int l = 0; l < 2; ++l)
-      for (ref::LayerWeight which : {&LayerWeights::q, &LayerWeights::k, &LayerWeights::v, &LayerWeights::o,
-                                &LayerWeights::gate, &LayerWeights::up, &LayerWeights::down, &LayerWeights::input_norm,
-                                &LayerWeights::post_attn_norm})
-        EXPECT_TRUE(torch::equal(lw.weight(l, which), whole(model.weights->layers[size_t(l)].*which)));
+      for (const WeightView* which : model.weights->layers[size_t(l)].views())
+        if (*which) EXPECT_TRUE(torch::equal(lw.weight(*which), whole(*which)));
     const int64_t after_all = lw.conversions();
     EXPECT_EQ(after_all, 18);
     const void* buffer = nullptr;
     {
-      const torch::Tensor q0 = lw.weight(0, &LayerWeights::q);
+      const torch::Tensor q0 = lw.weight(lw.layer(0).q);
       EXPECT_EQ(q0.scalar_type(), torch::kDouble);
       buffer = q0.data_ptr();
     }
     // Nobody holds layer 0's q: layer 1's q is converted into its buffer.
-    const torch::Tensor q1 = lw.weight(1, &LayerWeights::q);
+    const torch::Tensor q1 = lw.weight(lw.layer(1).q);
     EXPECT_TRUE(torch::equal(q1, whole(model.weights->layers[1].q)));
     EXPECT_EQ(q1.data_ptr(), buffer);
     // A weight still held keeps its values when another takes its place.
-    const torch::Tensor again0 = lw.weight(0, &LayerWeights::q);
+    const torch::Tensor again0 = lw.weight(lw.layer(0).q);
     EXPECT_TRUE(torch::equal(again0, whole(L0.q)));
     EXPECT_NE(again0.data_ptr(), q1.data_ptr());
     EXPECT_TRUE(torch::equal(q1, whole(model.weights->layers[1].q)));
     // A hit converts nothing; without a budget every weight stays.
-    lw.weight(0, &LayerWeights::q);
+    lw.weight(lw.layer(0).q);
     EXPECT_EQ(lw.conversions(), after_all + 3);
     ref::LayerByLayerWeights all(*model.weights, torch::kDouble);
-    all.weight(0, &LayerWeights::q);
-    all.weight(1, &LayerWeights::q);
-    all.weight(0, &LayerWeights::q);
+    all.weight(all.layer(0).q);
+    all.weight(all.layer(1).q);
+    all.weight(all.layer(0).q);
     EXPECT_EQ(all.conversions(), 2);
-    EXPECT_THROW(lw.weight(int(model.weights->layers.size()), &LayerWeights::q), Error);
+    EXPECT_THROW(lw.weight(lw.layer(int(model.weights->layers.size())).q), Error);
   }
 }
 
