@@ -10,6 +10,8 @@ namespace llmdiff::bisect {
 std::unique_ptr<Engine> make_engine(const std::string& which, const Model& model, const EngineOptions& opt) {
   if (which == "ref") {
     if (!opt.inject.empty()) throw UsageError("--inject applies to the impl engine only (the ref is the golden model)");
+    if (opt.mla != "naive")
+      throw UsageError("--mla " + opt.mla + " applies to the impl engine only (the ref computes HF's naive form)");
     ref::RefOptions r;
     r.dtype = opt.dtype.empty() ? model.config.default_dtype() : parse_compute_dtype(opt.dtype);
     r.threads = opt.threads;
@@ -23,6 +25,7 @@ std::unique_ptr<Engine> make_engine(const std::string& which, const Model& model
     o.threads = opt.threads;
     o.max_seq = opt.max_seq;
     o.release_weights = opt.release_weights;
+    o.mla = impl::parse_mla_form(opt.mla);
     for (const auto& b : opt.inject) o.bugs.push_back(zoo::parse_bug(b));
     return impl::make_impl_engine(model, o);
   }

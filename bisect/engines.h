@@ -18,6 +18,7 @@ struct EngineOptions {
   int64_t max_seq = 0;               // impl KV capacity; 0: max_position_embeddings
   std::vector<std::string> inject;   // impl bug zoo
   bool release_weights = false;      // impl: ImplOptions::release_weights
+  std::string mla = "naive";         // impl, MLA models: ImplOptions::mla ("naive" or "absorbed")
 };
 
 // "ref" or "impl"; throws UsageError otherwise (or for bugs given to the ref).

@@ -81,19 +81,29 @@ ModelFacts model_facts(const std::string& dir, int prompt) {
   f.config = c;
   f.storage = w.storage_dtype();
   f.weight_bytes = w.total_bytes();
-  uint64_t layer_params = 0, layer_matmul = 0;
+  // Weight elements a token multiplies with: every projection, but of a MoE
+  // layer only the router, K experts and the shared expert.
+  uint64_t layer_params = 0, layer_matmul = 0, layer_active = 0;
   for (const auto& L : w.layers) {
+    uint64_t all = 0, experts = 0;
+    for (const WeightView* v : L.views())
+      if (*v && v->shape.size() == 2) all += uint64_t(v->numel());
+    for (const MlpWeights& e : L.experts) experts += uint64_t(e.gate.numel() + e.up.numel() + e.down.numel());
+    const uint64_t active = L.experts.empty() ? all : all - experts + experts / L.experts.size() * uint64_t(c.moe.top_k);
+    layer_matmul += active;
+    layer_active += active;
     for (const WeightView* v : L.views())
       if (*v) layer_params += uint64_t(v->numel());
-    for (const WeightView* v : {&L.q, &L.k, &L.v, &L.o, &L.mlp.gate, &L.mlp.up, &L.mlp.down}) layer_matmul += uint64_t(v->numel());
   }
   const uint64_t embed = uint64_t(w.embed.numel()), head = uint64_t(w.lm_head.numel());
   const uint64_t D = uint64_t(c.hidden_size);
   f.params = layer_params + uint64_t(w.final_norm.numel()) + embed + (w.lm_head_tied ? 0 : head);
-  f.decode_params = layer_params + uint64_t(w.final_norm.numel()) + head + (w.lm_head_tied ? 0 : D);
+  // A decode token reads the active weights (norms and biases are noise next to them).
+  f.decode_params = layer_active + uint64_t(w.final_norm.numel()) + head + (w.lm_head_tied ? 0 : D);
   const double T = prompt;
   f.prefill_flops = 2.0 * T * double(layer_matmul) +
-                    double(c.num_hidden_layers) * 4.0 * double(c.q_dim()) * T * (T + 1) / 2.0 + 2.0 * double(head);
+                    double(c.num_hidden_layers) * 2.0 * double(c.num_attention_heads) *
+                        double(c.mla.enabled ? c.mla.qk_head_dim() + c.mla.v_head_dim : 2 * c.head_dim) * T * (T + 1) / 2.0 + 2.0 * double(head);
   return f;
 }
 

@@ -1,5 +1,5 @@
 // llmdiff dump --engine ref|impl --model DIR (--tokens 1,2,3 | --replay DUMP)
-//   [--decode N] [--chunks 4,3] [--dtype D] [--threads N] [--inject BUG]...
+//   [--decode N] [--chunks 4,3] [--dtype D] [--threads N] [--inject BUG]... [--mla naive|absorbed]
 //   [--sites GLOB,...] --out FILE
 // Runs a scenario through one engine and streams every canonical
 // intermediate into an llm-dump/1 file.
@@ -64,6 +64,11 @@ void setup_dump(CLI::App& app, Action& action) {
   sub->add_option("--max-seq", o->engine_opts.max_seq, "impl KV cache capacity (default: max_position_embeddings)")
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--inject", o->engine_opts.inject, "impl: switch on a bug of the zoo (repeatable; see --list-bugs)");
+  sub->add_option("--mla", o->engine_opts.mla,
+                  "impl, multi-head latent attention (deepseek_v3): naive (kv_b_proj expands the latent, full K/V "
+                  "cached, HF's form; default) or absorbed (kv_b_proj folded into q and ctx, only the latent and "
+                  "k_pe cached)")
+      ->check(CLI::IsMember({"naive", "absorbed"}));
   sub->add_option("--sites", o->sites, "record only names matching these globs, comma separated "
                                        "(e.g. 'step*.layers.*.out,step*.logits')");
   sub->add_option("--out", o->out, "output dump file");

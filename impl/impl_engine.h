@@ -2,6 +2,7 @@
 // read in their stored dtype from the mmap, f32 activations, threaded kernels.
 #pragma once
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "dumps/config.h"
@@ -10,6 +11,17 @@
 #include "dumps/bugs.h"
 
 namespace llmdiff::impl {
+
+// How multi-head latent attention (deepseek_v3) runs:
+// - Naive: kv_b_proj expands the latent into every head's keys and values,
+//   the cache holds them in full (HF's form): Hq*(Dn+Dr+Dv) floats per token.
+// - Absorbed: kv_b_proj's key rows are folded into the query (q_nope · W_uk,
+//   a vector in latent space per head) and its value rows applied after
+//   probs · latent; the cache holds only the latent and the shared rope key:
+//   Rkv+Dr floats per token. Never observes attn.kv, k_rope, k_cache, v_cache.
+enum class MlaForm { Naive, Absorbed };
+const char* mla_form_name(MlaForm f);               // "naive", "absorbed"
+MlaForm parse_mla_form(const std::string& text);    // throws UsageError listing both
 
 struct ImplOptions {
   int threads = 0;            // 0: all cores
@@ -20,6 +32,7 @@ struct ImplOptions {
   // one layer of the checkpoint instead of all of it, for a few page faults
   // per call (the pages come back from the page cache).
   bool release_weights = false;
+  MlaForm mla = MlaForm::Naive;  // MLA models only
 };
 
 // Throws UsageError when a bug cannot apply to the model.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -364,8 +365,10 @@ float dot(const float* a, const float* b, int64_t n) {
 }
 
 void attention(ThreadPool& pool, std::vector<std::vector<float>>& row_scratch, const AttentionArgs& a) {
-  const int64_t T = a.T, S = a.S, Dh = a.Dh;
-  const int64_t q_stride = a.Hq * Dh, kv_stride = a.Hkv * Dh;
+  const int64_t T = a.T, S = a.S, Dh = a.Dh, Dv = a.Dv > 0 ? a.Dv : a.Dh;
+  const int64_t q_stride = a.Hq * Dh, ctx_stride = a.Hq * Dv;
+  const int64_t k_stride = a.k_stride > 0 ? a.k_stride : a.Hkv * Dh;
+  const int64_t v_stride = a.v_stride > 0 ? a.v_stride : a.Hkv * Dv;
   if (int(row_scratch.size()) < pool.size()) row_scratch.resize(size_t(pool.size()));
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   pool.parallel_for(a.Hq * T, [&](int64_t b, int64_t e, int worker) {
@@ -375,7 +378,7 @@ void attention(ThreadPool& pool, std::vector<std::vector<float>>& row_scratch, c
       const int64_t h = unit / T, t = unit % T;
       const float* q = a.q + t * q_stride + h * Dh;
       const float* k = a.k + int64_t(a.kv_head[h]) * Dh;
-      const float* v = a.v + int64_t(a.kv_head[h]) * Dh;
+      const float* v = a.v + int64_t(a.kv_head[h]) * Dv;
       const float* mask = a.mask + t * S;
       float* scores = a.scores ? a.scores + (h * T + t) * S : nullptr;
       float* probs = a.probs ? a.probs + (h * T + t) * S : nullptr;
@@ -386,7 +389,7 @@ void attention(ThreadPool& pool, std::vector<std::vector<float>>& row_scratch, c
       for (int64_t s = 0; s < S; ++s) {
         const bool allowed = mask[s] != 0.0f;
         float sc = kNegInf;
-        if (allowed || scores) sc = dot(q, k + s * kv_stride, Dh) * a.scale;
+        if (allowed || scores) sc = dot(q, k + s * k_stride, Dh) * a.scale;
         if (scores) scores[s] = sc;
         row[size_t(s)] = allowed ? sc : kNegInf;
         if (allowed) max = std::max(max, sc);
@@ -408,13 +411,106 @@ void attention(ThreadPool& pool, std::vector<std::vector<float>>& row_scratch, c
       if (probs) std::memcpy(probs, row.data(), size_t(S) * sizeof(float));
 
       // ctx = Σ_s p_s · v_s
-      float* ctx = a.ctx + t * q_stride + h * Dh;
-      std::fill(ctx, ctx + Dh, 0.0f);
+      float* ctx = a.ctx + t * ctx_stride + h * Dv;
+      std::fill(ctx, ctx + Dv, 0.0f);
       for (int64_t s = 0; s < S; ++s) {
         const float p = row[size_t(s)];
         if (p == 0.0f) continue;
-        const float* vs = v + s * kv_stride;
-        for (int64_t d = 0; d < Dh; ++d) ctx[d] += p * vs[d];
+        const float* vs = v + s * v_stride;
+        for (int64_t d = 0; d < Dv; ++d) ctx[d] += p * vs[d];
+      }
+    }
+  });
+}
+
+void moe_route(const MoeConfig& m, const float* probs, const float* bias, int64_t* ids, float* weights) {
+  const int64_t E = m.num_experts, K = m.top_k;
+  // The score experts are chosen by (DeepSeek-V3: score + bias, float32).
+  std::vector<float> choice(probs, probs + E);  // [E]
+  if (bias)
+    for (int64_t e = 0; e < E; ++e) choice[size_t(e)] = probs[e] + bias[e];
+  // Largest first, the lower id first on ties.
+  auto better = [](const std::vector<float>& v) {
+    return [&v](int64_t a, int64_t b) { return v[size_t(a)] > v[size_t(b)] || (v[size_t(a)] == v[size_t(b)] && a < b); };
+  };
+  // Group-limited choice: each group of E/n_group experts scores the sum of
+  // its two best; outside the topk_group best groups the choice score is set
+  // to 0.0 (HF's masked_fill: 0, not -inf, so those experts may still win
+  // over negative scores).
+  if (m.topk_group < m.n_group) {
+    const int64_t G = m.n_group, per = E / G;
+    std::vector<float> group_score(static_cast<size_t>(G));  // [G]
+    for (int64_t g = 0; g < G; ++g) {
+      std::vector<float> in(choice.begin() + g * per, choice.begin() + (g + 1) * per);
+      std::partial_sort(in.begin(), in.begin() + 2, in.end(), std::greater<float>());
+      group_score[size_t(g)] = in[0] + in[1];
+    }
+    std::vector<int64_t> groups(static_cast<size_t>(G));
+    for (int64_t g = 0; g < G; ++g) groups[size_t(g)] = g;
+    std::partial_sort(groups.begin(), groups.begin() + m.topk_group, groups.end(), better(group_score));
+    std::vector<bool> kept(static_cast<size_t>(G), false);
+    for (int64_t i = 0; i < m.topk_group; ++i) kept[size_t(groups[size_t(i)])] = true;
+    for (int64_t e = 0; e < E; ++e)
+      if (!kept[size_t(e / per)]) choice[size_t(e)] = 0.0f;
+  }
+  std::vector<int64_t> order(static_cast<size_t>(E));  // experts, best first
+  for (int64_t e = 0; e < E; ++e) order[size_t(e)] = e;
+  std::partial_sort(order.begin(), order.begin() + K, order.end(), better(choice));
+  // Weights from the unbiased probabilities, renormalised over the chosen
+  // (summed best first; DeepSeek-V3 adds 1e-20), then scaled.
+  std::vector<float> w(static_cast<size_t>(K));  // [K], best first
+  for (int64_t k = 0; k < K; ++k) w[size_t(k)] = probs[order[size_t(k)]];
+  if (m.norm_topk_prob) {
+    float sum = 0.0f;
+    for (float x : w) sum += x;
+    if (m.scoring == MoeConfig::Scoring::Sigmoid) sum += 1e-20f;
+    for (float& x : w) x /= sum;
+  }
+  if (m.routed_scaling_factor != 1.0)
+    for (float& x : w) x *= float(m.routed_scaling_factor);
+  // Reported in ascending expert id.
+  std::vector<int64_t> slot(static_cast<size_t>(K));
+  for (int64_t k = 0; k < K; ++k) slot[size_t(k)] = k;
+  std::sort(slot.begin(), slot.end(), [&](int64_t a, int64_t b) { return order[size_t(a)] < order[size_t(b)]; });
+  for (int64_t k = 0; k < K; ++k) {
+    ids[k] = order[size_t(slot[size_t(k)])];
+    weights[k] = w[size_t(slot[size_t(k)])];
+  }
+}
+
+void head_matmul(ThreadPool& pool, const HeadMatmul& m) {
+  const int64_t K = m.w.cols;
+  // One unit per (head, output row): W's row converted once, dotted with
+  // every token's input.
+  pool.parallel_for(m.H * m.w_rows, [&](int64_t b, int64_t e, int) {
+    std::vector<float> wrow(static_cast<size_t>(K));
+    for (int64_t unit = b; unit < e; ++unit) {
+      const int64_t h = unit / m.w_rows, n = unit % m.w_rows;
+      load_row(m.w, h * m.w_head + m.w_row0 + n, 0, K, wrow.data());
+      for (int64_t t = 0; t < m.T; ++t)
+        m.y[t * m.y_row + h * m.y_head + n] = dot(wrow.data(), m.x + t * m.x_row + h * m.x_head, K);
+    }
+  });
+}
+
+void head_matmul_t(ThreadPool& pool, const HeadMatmul& m) {
+  // One unit per (head, block of kCols output columns): y[t, cols] =
+  // Σ_k x[t, k] · W_h[k, cols], k in order, W_h's row segment converted once
+  // per k for all tokens.
+  constexpr int64_t kCols = 64;
+  const int64_t N = m.w.cols, blocks = (N + kCols - 1) / kCols;
+  pool.parallel_for(m.H * blocks, [&](int64_t b, int64_t e, int) {
+    float seg[kCols];
+    for (int64_t unit = b; unit < e; ++unit) {
+      const int64_t h = unit / blocks, c0 = unit % blocks * kCols, n = std::min(kCols, N - c0);
+      for (int64_t t = 0; t < m.T; ++t) std::fill_n(m.y + t * m.y_row + h * m.y_head + c0, n, 0.0f);
+      for (int64_t k = 0; k < m.w_rows; ++k) {
+        load_row(m.w, h * m.w_head + m.w_row0 + k, c0, n, seg);
+        for (int64_t t = 0; t < m.T; ++t) {
+          const float xk = m.x[t * m.x_row + h * m.x_head + k];
+          float* y = m.y + t * m.y_row + h * m.y_head + c0;
+          for (int64_t i = 0; i < n; ++i) y[i] += xk * seg[i];
+        }
       }
     }
   });

@@ -68,20 +68,58 @@ float dot(const float* a, const float* b, int64_t n);
 
 // Scaled dot-product attention of one forward call, every (query head, row)
 // pair in parallel. The KV cache is token-major: row s of `k`/`v` holds all
-// kv heads of key s ([S, Hkv*Dh]).
+// kv heads of key s ([S, Hkv*Dh] / [S, Hkv*Dv]), or any rows `k_stride` /
+// `v_stride` floats apart (MLA's absorbed form reads keys [latent | k_pe]
+// and values [latent] from the same rows).
 struct AttentionArgs {
   int64_t T = 0, S = 0, Hq = 0, Hkv = 0, Dh = 0;
+  int64_t Dv = 0;                  // value / ctx width per head; 0: Dh
+  int64_t k_stride = 0;            // floats from key row s to s+1; 0: Hkv*Dh
+  int64_t v_stride = 0;            // floats from value row s to s+1; 0: Hkv*Dv
   const float* q = nullptr;        // [T, Hq*Dh], after RoPE
   const float* k = nullptr;        // [S, Hkv*Dh]
-  const float* v = nullptr;        // [S, Hkv*Dh]
+  const float* v = nullptr;        // [S, Hkv*Dv]
   const float* mask = nullptr;     // [T, S], 1 = may attend
   const int* kv_head = nullptr;    // [Hq]: kv head read by each query head
   float scale = 1.0f;              // applied to q·k after the dot product
   float* scores = nullptr;         // optional [Hq, T, S]: every q·k*scale, masked or not
   float* probs = nullptr;          // optional [Hq, T, S]: softmax, masked entries 0
-  float* ctx = nullptr;            // [T, Hq*Dh]
+  float* ctx = nullptr;            // [T, Hq*Dv]
 };
 // `row_scratch` holds one row of S floats per worker.
 void attention(ThreadPool& pool, std::vector<std::vector<float>>& row_scratch, const AttentionArgs& a);
+
+// One token's mixture-of-experts routing: the K = m.top_k experts chosen
+// from `probs` [E] (softmax probabilities, or DeepSeek-V3's sigmoid scores)
+// and their combination weights, written in ascending expert id. `bias` [E]
+// (nullptr: none) is DeepSeek-V3's e_score_correction_bias: it steers the
+// choice (score + bias), the weights come from the unbiased probs.
+// Group-limited choice when m.topk_group < m.n_group: each group of
+// E/n_group experts scores the sum of its two best, experts outside the
+// topk_group best groups get choice score 0.0 (HF's masked_fill: not -inf,
+// so they can still beat negative scores). Ties go to the lower id. The
+// weights are renormalised over the chosen with m.norm_topk_prob (summed
+// best first; sigmoid scoring adds 1e-20), then scaled by
+// m.routed_scaling_factor; float32 throughout.
+void moe_route(const MoeConfig& m, const float* probs, const float* bias, int64_t* ids, float* weights);
+
+// A product of every head's vectors with that head's own block of rows of one
+// weight (multi-head latent attention's absorption of kv_b_proj): head h's
+// input row t is x + t*x_row + h*x_head, its matrix W_h the rows
+// [h*w_head + w_row0, h*w_head + w_row0 + w_rows) of w, its output row t
+// y + t*y_row + h*y_head.
+struct HeadMatmul {
+  int64_t T = 0, H = 0;
+  const float* x = nullptr;
+  int64_t x_row = 0, x_head = 0;
+  WMat w;
+  int64_t w_head = 0, w_row0 = 0, w_rows = 0;
+  float* y = nullptr;
+  int64_t y_row = 0, y_head = 0;
+};
+// y_h[t] = W_h · x_h[t]: [w_rows] from [w.cols] (a dot per output element).
+void head_matmul(ThreadPool& pool, const HeadMatmul& m);
+// y_h[t] = W_hᵀ · x_h[t]: [w.cols] from [w_rows] (Σ over W_h's rows in order).
+void head_matmul_t(ThreadPool& pool, const HeadMatmul& m);
 
 }  // namespace llmdiff::impl

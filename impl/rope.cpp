@@ -183,4 +183,17 @@ void apply_rope_interleaved(float* x, int64_t T, int64_t H, int64_t head_dim, co
   rotate_pairs<true>(x, T, H, head_dim, cos, sin);
 }
 
+void pairs_to_halves(float* x, int64_t rows, int64_t dim) {
+  const int64_t half = dim / 2;
+  std::vector<float> row(static_cast<size_t>(dim));
+  for (int64_t r = 0; r < rows; ++r) {
+    float* v = x + r * dim;
+    for (int64_t i = 0; i < half; ++i) {
+      row[size_t(i)] = v[2 * i];
+      row[size_t(half + i)] = v[2 * i + 1];
+    }
+    std::copy(row.begin(), row.end(), v);
+  }
+}
+
 }  // namespace llmdiff::impl

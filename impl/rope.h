@@ -33,4 +33,10 @@ void apply_rope(float* x, int64_t T, int64_t H, int64_t head_dim, const float* c
 // wrong for HF Llama/Qwen checkpoints (bug zoo: rope-interleaved).
 void apply_rope_interleaved(float* x, int64_t T, int64_t H, int64_t head_dim, const float* cos, const float* sin);
 
+// DeepSeek's rope_interleave (apply_rotary_pos_emb_interleave): each row of
+// `dim` values reordered from adjacent pairs to halves, x -> cat(x[0::2],
+// x[1::2]), before rotate-half RoPE; rotating then turns pair (2i, 2i+1) by
+// frequency i and leaves the result in halves order.
+void pairs_to_halves(float* x, int64_t rows, int64_t dim);
+
 }  // namespace llmdiff::impl

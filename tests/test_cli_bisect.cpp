@@ -73,11 +73,14 @@ std::unique_ptr<MemoryDump> cut_down(const TensorSource& full) {
   return d;
 }
 
-// Where each bug first shows: in a full dump, and in a cut-down one.
+// Where each bug first shows: in a full dump, and in a cut-down one. `{moe}`
+// stands for the first MoE layer, `{ffn}` for the first layer's feed-forward
+// site where silu(gate) * up first shows (mlp.act, or a MoE layer's
+// moe.expert_out).
 struct Expected {
   std::string full, cut;
 };
-const std::map<std::string, Expected>& expected_divergence() {
+const std::map<std::string, Expected>& expected_patterns() {
   static const std::map<std::string, Expected> m = {
       {"rope-interleaved", {"step0.layers.0.attn.q_rope", "step0.layers.0.out"}},
       {"rope-theta", {"rope.inv_freq", "step0.layers.0.out"}},
@@ -92,10 +95,33 @@ const std::map<std::string, Expected>& expected_divergence() {
       {"missing-bias", {"step0.layers.0.attn.q", "step0.layers.0.out"}},
       {"qk-norm-after-rope", {"step0.layers.0.attn.q_norm", "step0.layers.0.out"}},
       {"softmax-scale", {"step0.layers.0.attn.scores", "step0.layers.0.out"}},
-      {"gate-up-swap", {"step0.layers.0.mlp.act", "step0.layers.0.out"}},
+      {"gate-up-swap", {"step0.layers.0.{ffn}", "step0.layers.0.out"}},
       {"lm-head", {"step0.logits", "step0.logits"}},
+      {"moe-softmax-routing", {"step0.layers.{moe}.moe.router_probs", "step0.layers.{moe}.out"}},
+      {"moe-topk-norm", {"step0.layers.{moe}.moe.topk_weights", "step0.layers.{moe}.out"}},
+      {"moe-bias-in-weights", {"step0.layers.{moe}.moe.topk_weights", "step0.layers.{moe}.out"}},
+      {"moe-no-correction-bias", {"step0.layers.{moe}.moe.topk_ids", "step0.layers.{moe}.out"}},
+      {"moe-no-group-limit", {"step0.layers.{moe}.moe.topk_ids", "step0.layers.{moe}.out"}},
+      {"moe-routed-scale", {"step0.layers.{moe}.moe.topk_weights", "step0.layers.{moe}.out"}},
+      {"moe-shared-missing", {"step0.layers.{moe}.moe.out", "step0.layers.{moe}.out"}},
+      {"moe-expert-off-by-one", {"step0.layers.{moe}.moe.expert_out", "step0.layers.{moe}.out"}},
+      {"mla-rope-layout", {"step0.layers.0.attn.k_pe", "step0.layers.0.out"}},
+      {"mla-rope-front", {"step0.layers.0.attn.q_rope", "step0.layers.0.out"}},
+      {"mla-value-as-key", {"step0.layers.0.attn.k_rope", "step0.layers.0.out"}},
   };
   return m;
+}
+
+Expected expected_divergence(const std::string& bug, const ModelConfig& cfg) {
+  Expected e = expected_patterns().at(bug);
+  int64_t first_moe = 0;
+  while (first_moe < cfg.num_hidden_layers && !cfg.moe.is_moe_layer(first_moe)) ++first_moe;
+  for (std::string* s : {&e.full, &e.cut}) {
+    for (size_t at; (at = s->find("{moe}")) != std::string::npos;) s->replace(at, 5, std::to_string(first_moe));
+    for (size_t at; (at = s->find("{ffn}")) != std::string::npos;)
+      s->replace(at, 5, cfg.moe.is_moe_layer(0) ? "moe.expert_out" : "mlp.act");
+  }
+  return e;
 }
 
 std::string describe(const BisectResult& r) {
@@ -145,7 +171,7 @@ void check_diagnosis(const BisectResult& r, const bisect::ModelOracles& m, const
 TEST_P(BisectZoo, LocalisesAndNamesTheBugInFullAndCutDownDumps) {
   const ZooCase& c = GetParam();
   const bisect::ModelOracles& m = oracles(c.model);
-  const Expected& want = expected_divergence().at(c.bug);
+  const Expected want = expected_divergence(c.bug, m.model.config);
   std::unique_ptr<MemoryDump> full = impl_candidate(m, golden_scenario(c.model), {c.bug});
   check_diagnosis(bisect::bisect_candidate(m, *full, BisectOptions{}), m, c.bug, want.full, "full dump");
   std::unique_ptr<MemoryDump> cut = cut_down(*full);
@@ -387,7 +413,7 @@ TEST(BisectExternalNumerics, BugsAreDiagnosedInDumpsThatAreNotBitExactWithTheImp
     for (const MemoryDump* cand : {full.get(), cut.get()}) {
       BisectResult r = bisect::bisect_candidate(m, *cand, BisectOptions{});
       SCOPED_TRACE(bug + " " + cand->label() + ": " + describe(r));
-      const Expected& want = expected_divergence().at(bug);
+      const Expected want = expected_divergence(bug, m.model.config);
       EXPECT_EQ(r.localised_at().value_or(""), cand == full.get() ? want.full : want.cut);
       ASSERT_TRUE(r.diagnosis.bug);
       EXPECT_EQ(r.diagnosis.bug->bug, bug);

@@ -1,6 +1,6 @@
-// The impl's kernels and RoPE on their own: matmul against a float64
-// reference for every weight dtype and awkward shape, bit-identical results
-// for any thread count, the rope types without golden data (linear, dynamic,
+// The impl's kernels and RoPE on their own: matmul (and MLA's per-head
+// absorption products) against a float64 reference for every weight dtype
+// and awkward shape, bit-identical results for any thread count, the rope types without golden data (linear, dynamic,
 // yarn) against the formulas of modeling_rope_utils.py evaluated in double.
 #include <gtest/gtest.h>
 
@@ -291,6 +291,119 @@ TEST(ImplRope, RotateHalfAndInterleavedPairings) {
     EXPECT_NEAR(b[size_t(2 * i)], x0[size_t(2 * i)] * std::cos(th) - x0[size_t(2 * i + 1)] * std::sin(th), 1e-5);
     EXPECT_NEAR(b[size_t(2 * i + 1)], x0[size_t(2 * i + 1)] * std::cos(th) + x0[size_t(2 * i)] * std::sin(th), 1e-5);
   }
+}
+
+TEST(ImplRope, PairsToHalvesThenRotateHalfRotatesAdjacentPairs) {
+  // DeepSeek's rope_interleave: reorder, rotate-half = the interleaved
+  // rotation, read in halves order.
+  const int64_t Dh = 8;
+  ModelConfig c = rope_config(10000.0, Dh, 64);
+  const RopeFrequencies f = rope_frequencies(c, 4);
+  std::vector<float> cs(static_cast<size_t>(Dh)), sn(static_cast<size_t>(Dh));
+  rope_tables(f, {3}, Dh, cs.data(), sn.data());
+  const std::vector<float> x0 = {1, 2, 3, 4, 5, 6, 7, 8};
+  std::vector<float> a = x0, b = x0;
+  pairs_to_halves(a.data(), 1, Dh);
+  EXPECT_EQ(a, (std::vector<float>{1, 3, 5, 7, 2, 4, 6, 8}));
+  apply_rope(a.data(), 1, 1, Dh, cs.data(), sn.data());
+  apply_rope_interleaved(b.data(), 1, 1, Dh, cs.data(), sn.data());
+  pairs_to_halves(b.data(), 1, Dh);
+  EXPECT_EQ(a, b);
+}
+
+// MLA's absorption products: y_h[t] = W_h · x_h[t] and W_hᵀ · x_h[t] over
+// blocks of a weight's rows, strided inputs and outputs, against float64, the
+// same for any thread count.
+TEST(ImplKernels, HeadMatmulsMatchFloat64ForAnyThreadCount) {
+  const int64_t T = 5, H = 3, block = 7, off = 2, n = 4, K = 70;  // W_h = rows [h*7 + 2, +4) of [21, 70]
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Weights w = random_weights(dt, H * block, K, 5);
+    std::mt19937 gen(6);
+    std::normal_distribution<float> nd;
+    // head_matmul: x_h[t] [K] at x + t*(H*K+3) + h*K, y_h[t] [n] at y + t*(H*n) + h*n
+    std::vector<float> x(size_t(T * (H * K + 3)));
+    for (float& v : x) v = nd(gen);
+    auto run = [&](int threads, bool transposed, const std::vector<float>& in, int64_t x_row, int64_t x_head,
+                   int64_t y_row, int64_t y_head, int64_t y_size) {
+      ThreadPool pool(threads);
+      std::vector<float> y(static_cast<size_t>(y_size), -1.0f);
+      HeadMatmul m;
+      m.T = T, m.H = H, m.x = in.data(), m.x_row = x_row, m.x_head = x_head;
+      m.w = w.mat, m.w_head = block, m.w_row0 = off, m.w_rows = n;
+      m.y = y.data(), m.y_row = y_row, m.y_head = y_head;
+      if (transposed)
+        head_matmul_t(pool, m);
+      else
+        head_matmul(pool, m);
+      return y;
+    };
+    const std::vector<float> y1 = run(1, false, x, H * K + 3, K, H * n, n, T * H * n);
+    EXPECT_EQ(y1, run(2, false, x, H * K + 3, K, H * n, n, T * H * n));
+    EXPECT_EQ(y1, run(3, false, x, H * K + 3, K, H * n, n, T * H * n));
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t r = 0; r < n; ++r) {
+          double ref = 0;
+          for (int64_t k = 0; k < K; ++k)
+            ref += double(w.f32[size_t((h * block + off + r) * K + k)]) * x[size_t(t * (H * K + 3) + h * K + k)];
+          EXPECT_NEAR(y1[size_t(t * H * n + h * n + r)], ref, 1e-4 * (1 + std::fabs(ref)));
+        }
+    // head_matmul_t: x_h[t] [n] at xt + t*(H*n) + h*n, y_h[t] [K] at y + t*(H*K+1) + h*K
+    std::vector<float> xt(size_t(T * H * n));
+    for (float& v : xt) v = nd(gen);
+    const std::vector<float> z1 = run(1, true, xt, H * n, n, H * K + 1, K, T * (H * K + 1));
+    EXPECT_EQ(z1, run(2, true, xt, H * n, n, H * K + 1, K, T * (H * K + 1)));
+    EXPECT_EQ(z1, run(3, true, xt, H * n, n, H * K + 1, K, T * (H * K + 1)));
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t c = 0; c < K; ++c) {
+          double ref = 0;
+          for (int64_t r = 0; r < n; ++r)
+            ref += double(w.f32[size_t((h * block + off + r) * K + c)]) * xt[size_t(t * H * n + h * n + r)];
+          EXPECT_NEAR(z1[size_t(t * (H * K + 1) + h * K + c)], ref, 1e-5 * (1 + std::fabs(ref)));
+        }
+        EXPECT_EQ(z1[size_t(t * (H * K + 1) + H * K)], -1.0f) << "the gap after the heads is not written";
+      }
+  }
+}
+
+TEST(ImplKernels, AttentionWithOwnValueWidthAndCacheRowStrides) {
+  // MLA's absorbed form: every head reads keys [latent | k_pe] (Dh = 12) and
+  // values [latent] (Dv = 8) from the same cache rows of 12 floats.
+  const int64_t T = 3, S = 6, Hq = 4, Dh = 12, Dv = 8;
+  std::mt19937 gen(21);
+  std::normal_distribution<float> nd;
+  std::vector<float> q(size_t(T * Hq * Dh)), cache(size_t(S * Dh)), mask(size_t(T * S));
+  for (float& x : q) x = nd(gen);
+  for (float& x : cache) x = nd(gen);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t s = 0; s < S; ++s) mask[size_t(t * S + s)] = s <= S - T + t ? 1.0f : 0.0f;
+  const std::vector<int> heads(size_t(Hq), 0);
+  ThreadPool pool(2);
+  std::vector<std::vector<float>> rows;
+  std::vector<float> ctx(size_t(T * Hq * Dv));
+  AttentionArgs a;
+  a.T = T, a.S = S, a.Hq = Hq, a.Hkv = 1, a.Dh = Dh, a.Dv = Dv, a.k_stride = Dh, a.v_stride = Dh;
+  a.q = q.data(), a.k = cache.data(), a.v = cache.data(), a.mask = mask.data(), a.kv_head = heads.data();
+  a.scale = 0.3f, a.ctx = ctx.data();
+  attention(pool, rows, a);
+  for (int64_t h = 0; h < Hq; ++h)
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<double> p(size_t(S), 0.0);
+      double mx = -1e300, sum = 0;
+      for (int64_t s = 0; s <= S - T + t; ++s) {
+        double d = 0;
+        for (int64_t i = 0; i < Dh; ++i) d += double(q[size_t((t * Hq + h) * Dh + i)]) * cache[size_t(s * Dh + i)];
+        mx = std::max(mx, p[size_t(s)] = d * 0.3f);
+      }
+      for (int64_t s = 0; s <= S - T + t; ++s) sum += (p[size_t(s)] = std::exp(p[size_t(s)] - mx));
+      for (int64_t i = 0; i < Dv; ++i) {
+        double c = 0;
+        for (int64_t s = 0; s <= S - T + t; ++s) c += p[size_t(s)] / sum * cache[size_t(s * Dh + i)];
+        EXPECT_NEAR(ctx[size_t((t * Hq + h) * Dv + i)], c, 1e-5);
+      }
+    }
 }
 
 TEST(ImplKernels, ThreadPoolCoversEveryIndexOnce) {
