@@ -49,6 +49,7 @@ struct BenchCmdOptions {
   int e2e_decode = 8;                  // decode steps of the end-to-end run
   std::string e2e_dir;                 // where its dumps go; empty: a temporary directory, removed
   std::string bisect;                  // --bisect BUG: time the bisection of an impl candidate with BUG
+  std::string mla = "naive";           // impl's MLA form (deepseek_v3): naive or absorbed
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -125,6 +126,7 @@ std::string bench_engine(const BenchCmdOptions& o, const std::string& engine_nam
   const Model model = Model::load(o.model);
   EngineOptions eo;
   eo.dtype = engine_name == "ref" ? compute_dtype_name(ref_dtype) : "";
+  if (engine_name == "impl") eo.mla = o.mla;
   eo.threads = o.threads;
   eo.max_seq = int64_t(o.prompt) + o.decode + 1;
   const std::unique_ptr<Engine> engine = make_engine(engine_name, model, eo);
@@ -197,6 +199,7 @@ std::string bench_e2e(const BenchCmdOptions& o, ComputeDType ref_dtype, const st
   for (const std::string which : {"ref", "impl"}) {
     EngineOptions eo;
     eo.dtype = which == "ref" ? compute_dtype_name(ref_dtype) : "";
+    if (which == "impl") eo.mla = o.mla;
     eo.threads = o.threads;
     eo.max_seq = int64_t(o.prompt) + o.e2e_decode + 1;
     auto t0 = std::chrono::steady_clock::now();
@@ -256,6 +259,7 @@ std::string bench_run_pipeline(const BenchCmdOptions& o, const std::vector<std::
   eo.threads = o.threads;
   eo.max_seq = int64_t(o.prompt) + o.e2e_decode + 1;
   eo.release_weights = true;
+  eo.mla = o.mla;
   double plain_s = 0;
   {
     auto engine = make_engine("impl", m.model, eo);
@@ -549,6 +553,9 @@ void setup_bench(CLI::App& app, Action& action) {
   sub->add_option("--threads", opt->threads, "Threads of the engines and of the bandwidth probe (0: all cores)")
       ->capture_default_str();
   sub->add_option("--repeats", opt->repeats, "Runs per engine (best and median reported)")->capture_default_str();
+  sub->add_option("--mla", opt->mla, "impl's multi-head latent attention (deepseek_v3): naive or absorbed")
+      ->check(CLI::IsMember({"naive", "absorbed"}))
+      ->capture_default_str();
   sub->add_option("--engines", opt->engines, "Engines to time, comma-separated: ref, impl (none: only --e2e)")->capture_default_str();
   sub->add_option("--ref-dtype", opt->ref_dtype, "Ref compute dtype (default: the checkpoint's torch_dtype)");
   sub->add_option("--seed", opt->seed, "Seed of the prompt token ids")->capture_default_str();

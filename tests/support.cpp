@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iterator>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 
 namespace llmdiff::testing {
@@ -54,6 +55,19 @@ std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error("cannot read " + path);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+std::string first_difference(const TensorSource& a, const TensorSource& b) {
+  if (a.names() != b.names()) return "the names differ";
+  for (const std::string& n : a.names()) {
+    const TensorData x = a.get(n), y = b.get(n);
+    if (x.shape != y.shape) return n + ": shape " + shape_str(x.shape) + " vs " + shape_str(y.shape);
+    if (x.i != y.i) return n + ": integers differ";
+    if (x.f.size() != y.f.size() ||
+        (!x.f.empty() && std::memcmp(x.f.data(), y.f.data(), x.f.size() * sizeof(float)) != 0))
+      return n + ": values differ";
+  }
+  return "";
 }
 
 static void check_same_shape(const TensorData& a, const TensorData& b) {

@@ -18,6 +18,10 @@ std::string read_text(const std::string& path);
 
 // max |a-b| over a tensor pair (shapes must match; throws otherwise).
 double max_abs_diff(const TensorData& a, const TensorData& b);
+// "" when the two sources hold the same names in the same order with
+// byte-identical tensors (NaN payloads and signed zeros included), else
+// what differs first.
+std::string first_difference(const TensorSource& a, const TensorSource& b);
 double max_abs(const TensorData& a);
 // Σ(a-b)² / Σb²
 double nmse(const TensorData& a, const TensorData& b);

@@ -48,10 +48,11 @@ Scenario golden_scenario(const std::string& model, const std::string& scenario =
 
 // The impl (with the given zoo bugs) over `sc`, every site recorded.
 std::unique_ptr<MemoryDump> impl_candidate(const bisect::ModelOracles& m, const Scenario& sc,
-                                           const std::vector<std::string>& inject) {
+                                           const std::vector<std::string>& inject, const std::string& mla = "naive") {
   cli::EngineOptions eo;
   eo.threads = 1;
   eo.inject = inject;
+  eo.mla = mla;
   auto engine = cli::make_engine("impl", m.model, eo);
   auto d = std::make_unique<MemoryDump>(inject.empty() ? "impl" : "impl --inject " + inject.front());
   d->mutable_manifest() = cli::make_manifest(*engine, m.model, m.dir, sc);
@@ -185,6 +186,41 @@ INSTANTIATE_TEST_SUITE_P(AllGolden, BisectZoo, ::testing::ValuesIn(zoo_cases()),
                              if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            return s;
                          });
+
+// An absorbed-MLA engine reports neither kv nor the full keys and values:
+// clean, it passes from the names it has (scores and ctx recomputed through
+// kv_b from its own latent and k_pe); with a bug, the bug is still localised
+// and named.
+TEST(BisectAbsorbedMla, AnAbsorbedCandidateIsJudgedFromTheNamesItHas) {
+  const bisect::ModelOracles& m = oracles("deepseek-v3-mla");
+  for (const std::string scenario : {"decode", "chunked"}) {
+    std::unique_ptr<MemoryDump> clean = impl_candidate(m, golden_scenario("deepseek-v3-mla", scenario), {}, "absorbed");
+    EXPECT_FALSE(clean->has("step0.layers.0.attn.kv"));
+    EXPECT_FALSE(clean->has("step0.layers.0.attn.k_cache"));
+    EXPECT_TRUE(clean->has("step0.layers.0.attn.latent_cache"));
+    BisectResult r = bisect::bisect_candidate(m, *clean, BisectOptions{});
+    SCOPED_TRACE(scenario + ": " + describe(r));
+    EXPECT_EQ(r.exit_code(), 0);
+    EXPECT_EQ(r.local.failing(), 0u);
+    EXPECT_FALSE(r.diagnosis.bug);
+    // scores and ctx were recomputed, not skipped.
+    int recomputed = 0;
+    for (const auto& site : r.local.sites)
+      if (parse_name(site.name).site == "attn.scores" || parse_name(site.name).site == "attn.ctx") ++recomputed;
+    EXPECT_GE(recomputed, 2 * 3);
+  }
+  for (const std::string bug : {"mla-rope-front", "mla-value-as-key", "mla-rope-layout", "moe-bias-in-weights"}) {
+    std::unique_ptr<MemoryDump> cand = impl_candidate(m, golden_scenario("deepseek-v3-mla"), {bug}, "absorbed");
+    BisectResult r = bisect::bisect_candidate(m, *cand, BisectOptions{});
+    SCOPED_TRACE(bug + ": " + describe(r));
+    EXPECT_EQ(r.exit_code(), 1);
+    std::string want = expected_divergence(bug, m.model.config).full;
+    if (!cand->has(want)) want = "step0.layers.0.attn.scores";  // k_rope: not observable in the absorbed form
+    EXPECT_EQ(r.first_local_failure().value_or("none"), want);
+    ASSERT_TRUE(r.diagnosis.bug);
+    EXPECT_EQ(r.diagnosis.bug->bug, bug);
+  }
+}
 
 // ---------------------------------------------------------------------------
 // Honest implementations pass.
