@@ -341,6 +341,58 @@ TEST_P(BisectClean, TheLayerMajorReplayIsTheRefEngineBitForBit) {
   }
 }
 
+// tiny-qwen3-moe turned into a Qwen2-MoE: q/k/v biases, a shared expert
+// behind its sigmoid gate, layer 1 dense (mlp_only_layers).
+nlohmann::json qwen2_moe_changes() {
+  return {{"model_type", "qwen2_moe"},
+          {"architectures", {"Qwen2MoeForCausalLM"}},
+          {"shared_expert_intermediate_size", 192},
+          {"mlp_only_layers", {1}},
+          {"norm_topk_prob", false}};
+}
+
+// A synthetic checkpoint of `preset` (2 layers) with `changes`, float32.
+std::string synth_model(const std::string& stem, const std::string& preset, const nlohmann::json& changes) {
+  nlohmann::json cfg = nlohmann::json::parse(synth::synth_preset_config(preset));
+  cfg["num_hidden_layers"] = 2;
+  for (const auto& [k, val] : changes.items()) cfg[k] = val;
+  const std::string dir = temp_path(stem);
+  synth::SynthOptions so;
+  so.config_json = cfg.dump();
+  so.dtype = DType::F32;
+  so.seed = 5;
+  synth::write_synth_checkpoint(dir, so);
+  return dir;
+}
+
+// What no golden model has: yarn's mscale in MLA's softmax scaling, and
+// Qwen2-MoE's gated shared expert. Clean impl candidates pass; their bugs
+// are localised and named.
+TEST(BisectSyntheticMoe, MscaleAndGatedSharedExpertBugsAreNamed) {
+  struct Case {
+    std::string preset;
+    nlohmann::json changes;
+    std::string bug, first;
+  };
+  const std::vector<Case> cases = {
+      {"tiny-deepseek", {}, "mla-mscale-missing", "step0.layers.0.attn.scores"},
+      {"tiny-qwen3-moe", qwen2_moe_changes(), "moe-shared-missing", "step0.layers.0.moe.out"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.preset + " " + c.bug);
+    bisect::ModelOracles m(synth_model("synth-moe", c.preset, c.changes), 1);
+    const Scenario sc = make_scenario({3, 1, 4, 1, 5, 9, 2, 6, 5}, {5, 4}, 3);
+    BisectResult clean = bisect::bisect_candidate(m, *impl_candidate(m, sc, {}), BisectOptions{});
+    EXPECT_EQ(clean.exit_code(), 0) << describe(clean);
+    std::unique_ptr<MemoryDump> full = impl_candidate(m, sc, {c.bug});
+    BisectResult r = bisect::bisect_candidate(m, *full, BisectOptions{});
+    SCOPED_TRACE(describe(r));
+    EXPECT_EQ(r.first_local_failure().value_or("none"), c.first);
+    ASSERT_TRUE(r.diagnosis.bug);
+    EXPECT_EQ(r.diagnosis.bug->bug, c.bug);
+  }
+}
+
 // The same on synthetic configurations the golden models lack: a sliding
 // window shorter than the sequence, dynamic-NTK RoPE that grows during the
 // scenario, yarn and linear scaling.
@@ -355,19 +407,12 @@ TEST(BisectTruth, TheFloat64TruthIsTheRefEngineOnSyntheticConfigs) {
       {"yarn", "tiny-llama",
        {{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 8}}}}},
       {"linear", "tiny-llama", {{"rope_scaling", {{"rope_type", "linear"}, {"factor", 2.0}}}}},
+      {"deepseek yarn mscale", "tiny-deepseek", {}},
+      {"qwen2-moe", "tiny-qwen3-moe", qwen2_moe_changes()},
   };
   for (const Variant& v : variants) {
     SCOPED_TRACE(v.name);
-    nlohmann::json cfg = nlohmann::json::parse(synth::synth_preset_config(v.preset));
-    cfg["num_hidden_layers"] = 2;
-    for (const auto& [k, val] : v.changes.items()) cfg[k] = val;
-    const std::string dir = temp_path("truth-synth");
-    synth::SynthOptions so;
-    so.config_json = cfg.dump();
-    so.dtype = DType::F32;
-    so.seed = 5;
-    synth::write_synth_checkpoint(dir, so);
-    bisect::ModelOracles m(dir, 1);
+    bisect::ModelOracles m(synth_model("truth-synth", v.preset, v.changes), 1);
     // The forward calls: a 9-token prompt in chunks of 5 and 4, then 3 greedy steps.
     ref::RefOptions o;
     o.dtype = ComputeDType::Float64;
