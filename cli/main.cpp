@@ -13,9 +13,12 @@ int main(int argc, char** argv) {
   // libtorch allocates a fresh buffer for every op result. With glibc's
   // defaults, buffers of a few MB are mapped and unmapped each time, and the
   // kernel zeroes every page again: a fifth of a 1B-model `run` went there.
-  // Serve them from the heap (largest threshold glibc allows); weights and
-  // other buffers over 32 MB are still mapped and returned when freed.
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  // Serve buffers under 8 MB from the heap; larger ones (converted weight
+  // matrices, e.g. a MoE model's hundreds of expert matrices converted and
+  // dropped layer after layer) are mapped and returned when freed: from the
+  // heap, their freed pieces stayed with the process (a 4-layer
+  // DeepSeek-V2-Lite-shaped bisect peaked at 4.0 GB instead of 3.0).
+  mallopt(M_MMAP_THRESHOLD, 8 << 20);
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
   CLI::App app{"llmdiff: layer-by-layer diffs of LLM inference against HuggingFace transformers"};
   llmdiff::cli::Action action;

@@ -193,6 +193,13 @@ TensorComparison compare_tensors(const TensorData& ref, const TensorData& cand, 
                         " values differ; first at " + index_str(unravel(c.ints.first_mismatch, ref.shape)) + ": " +
                         std::to_string(c.ints.cand_value) + " where the reference has " +
                         std::to_string(c.ints.ref_value));
+    if (!c.pass) {
+      if (std::optional<Judgement> j = criterion.judge_ints(ref, cand, c)) {
+        c.judgement = *j;
+        c.pass = j->pass;
+        if (!j->note.empty()) c.notes.push_back(j->note);
+      }
+    }
     return c;
   }
 

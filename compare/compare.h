@@ -37,6 +37,13 @@ class Criterion {
   virtual ~Criterion() = default;
   virtual std::string name() const = 0;  // for reports, e.g. "allclose"
   virtual Judgement judge(const TensorData& ref, const TensorData& cand, const TensorComparison& cmp) const = 0;
+  // Integer tensors that differ: a criterion may rule that the difference is
+  // not a divergence (e.g. greedy picks at a near-tie); nullopt: it does not
+  // rule, the difference fails.
+  virtual std::optional<Judgement> judge_ints(const TensorData& ref, const TensorData& cand,
+                                              const TensorComparison& cmp) const {
+    return std::nullopt;
+  }
 };
 
 // The default: every element within |a-b| <= atol + rtol*|b| at the name's

@@ -885,7 +885,9 @@ BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, 
   if (opt.noise_floor) {
     std::shared_ptr<MemoryDump> truth = reference.run(r.scenario, ComputeDType::Float64, wanted);
     done("reference run in float64");
-    co.criterion = std::make_shared<NoiseFloorCriterion>(truth, r.dtype, clean);
+    auto criterion = std::make_shared<NoiseFloorCriterion>(truth, r.dtype, clean);
+    criterion->set_reference(ref);
+    co.criterion = criterion;
     r.noise_floor = true;
     if (clean) r.second_noise = clean->label();
   }

@@ -3,6 +3,10 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <optional>
+
+#include "dumps/engine.h"
+#include "dumps/names.h"
 
 namespace llmdiff::compare {
 
@@ -134,6 +138,56 @@ Judgement NoiseFloorCriterion::judge(const TensorData& ref, const TensorData& ca
                   compute_dtype_name(dtype_), s.floor);
     j.note = s.finite ? buf : "noise floor: " + s.str();
   }
+  return j;
+}
+
+std::optional<Judgement> NoiseFloorCriterion::judge_ints(const TensorData& ref, const TensorData& cand,
+                                                         const TensorComparison& cmp) const {
+  if (cmp.name != "generated" || !truth_ || !reference_ || ref.i.size() != cand.i.size()) return std::nullopt;
+  // generated[k] is the pick of step first + k, the last M steps.
+  int steps = 0;
+  while (truth_->has(step_name(steps, "next_logits"))) ++steps;
+  const int first = steps - int(cand.i.size());
+  if (first < 0) return std::nullopt;
+  Judgement j;
+  j.metric = "greedy picks wrong against float64";
+  std::string ties, flips;
+  int wrong = 0;
+  for (size_t k = 0; k < cand.i.size(); ++k) {
+    if (cand.i[k] == ref.i[k]) continue;
+    const std::string logits = step_name(first + int(k), "next_logits");
+    if (!reference_->has(logits)) return std::nullopt;
+    const std::vector<float> t = truth_->get(logits).floats(), r = reference_->get(logits).floats();
+    const int64_t pick = cand.i[k];
+    if (t.size() != r.size() || pick < 0 || pick >= int64_t(t.size())) return std::nullopt;
+    const int64_t best = argmax_first(t);
+    if (pick == best) {
+      flips += (flips.empty() ? "" : ", ") + std::to_string(k);
+      continue;
+    }
+    double noise = 0;
+    for (size_t i = 0; i < t.size(); ++i) noise = std::max(noise, double(std::fabs(r[i] - t[i])));
+    if (second_ && second_->has(logits)) {
+      const std::vector<float> sv = second_->get(logits).floats();
+      if (sv.size() == t.size())
+        for (size_t i = 0; i < t.size(); ++i) noise = std::max(noise, double(std::fabs(sv[i] - t[i])));
+    }
+    const double gap = double(t[size_t(best)]) - double(t[size_t(pick)]);
+    if (gap <= 2.0 * noise + noise_floor_abs(std::fabs(double(t[size_t(best)])))) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "%zu (float64 gap %.3g to the argmax %lld, noise %.3g)", k, gap, (long long)best,
+                    noise);
+      ties += (ties.empty() ? "" : ", ") + std::string(buf);
+    } else {
+      ++wrong;
+    }
+  }
+  j.value = wrong;
+  j.threshold = 0;
+  j.pass = wrong == 0;
+  if (!flips.empty()) j.note += "the float64 argmax at index " + flips + " (the reference at dtype flips it)";
+  if (!ties.empty())
+    j.note += std::string(j.note.empty() ? "" : "; ") + "near-tie, undecidable at index " + ties;
   return j;
 }
 

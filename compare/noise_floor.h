@@ -95,11 +95,21 @@ class NoiseFloorCriterion : public Criterion {
                       std::shared_ptr<const TensorSource> second = nullptr);
   std::string name() const override { return "noise-floor"; }
   Judgement judge(const TensorData& ref, const TensorData& cand, const TensorComparison& cmp) const override;
+  // `generated`: a greedy pick that differs from the reference's at the
+  // candidate's dtype is judged against the float64 run instead. It is
+  // right when it is the float64 argmax, and undecidable (reported, not a
+  // divergence) when its float64 logit is within rounding noise of the
+  // argmax's: twice the largest deviation of the reference at dtype (and of
+  // the second honest run) from float64 on that step's next_logits. Needs
+  // `reference` (the run at dtype, with next_logits) set.
+  std::optional<Judgement> judge_ints(const TensorData& ref, const TensorData& cand,
+                                      const TensorComparison& cmp) const override;
+  void set_reference(std::shared_ptr<const TensorSource> reference) { reference_ = std::move(reference); }
   ComputeDType dtype() const { return dtype_; }
   const TensorSource& truth() const { return *truth_; }
 
  private:
-  std::shared_ptr<const TensorSource> truth_, second_;
+  std::shared_ptr<const TensorSource> truth_, second_, reference_;
   ComputeDType dtype_;
 };
 

@@ -193,6 +193,42 @@ TEST(NoiseFloor, TheNoiseIsTheLargerOfTwoHonestRuns) {
   EXPECT_LT(noise_stats(t32.data(), ref.data(), sequential.data(), n, ComputeDType::Float32, impl.data()).second_rmse, 0.0);
 }
 
+// Greedy picks are judged against float64: a pick the reference at dtype
+// flips is right when it is the float64 argmax, undecidable at a near-tie
+// (float64 gap within the rounding noise), wrong otherwise.
+TEST(NoiseFloor, GreedyPicksAreJudgedAgainstFloat64WithNearTiesUndecidable) {
+  auto logits = [](std::vector<float> v) { return float_tensor("step0.next_logits", {3}, std::move(v)); };
+  auto truth = dump_with("truth", {logits({0.0f, 1.0f, 1.0000001f}), int_tensor("generated", {1}, {2})}, "float64");
+  auto ref = dump_with("ref", {logits({0.0f, 1.0000002f, 1.0f}), int_tensor("generated", {1}, {1})});
+  auto criterion = std::make_shared<NoiseFloorCriterion>(truth, ComputeDType::Float32);
+  criterion->set_reference(ref);
+  CompareOptions o;
+  o.criterion = criterion;
+  o.sites = {"generated"};
+  auto judged = [&](int64_t pick) {
+    auto cand = dump_with("cand", {int_tensor("generated", {1}, {pick})});
+    return *compare_dumps(*ref, *cand, o).find("generated");
+  };
+  const TensorComparison agrees = judged(2);  // the float64 argmax
+  EXPECT_TRUE(agrees.pass);
+  EXPECT_NE(agrees.judgement.note.find("float64 argmax"), std::string::npos);
+  auto ref_near = dump_with("ref", {logits({0.0f, 1.0f, 1.0000002f}), int_tensor("generated", {1}, {2})});
+  criterion->set_reference(ref_near);
+  const auto near = compare_dumps(*ref_near, *dump_with("cand", {int_tensor("generated", {1}, {1})}), o);
+  ASSERT_NE(near.find("generated"), nullptr);
+  EXPECT_TRUE(near.find("generated")->pass);  // gap 1e-7 within 2 x noise 1e-7
+  EXPECT_NE(near.find("generated")->judgement.note.find("near-tie"), std::string::npos);
+  const auto wrong = compare_dumps(*ref_near, *dump_with("cand", {int_tensor("generated", {1}, {0})}), o);
+  EXPECT_FALSE(wrong.find("generated")->pass);  // a gap of 1.0: a wrong pick
+  // Without the reference's logits the criterion does not rule: exact.
+  CompareOptions plain;
+  plain.criterion = std::make_shared<NoiseFloorCriterion>(truth, ComputeDType::Float32);
+  plain.sites = {"generated"};
+  EXPECT_FALSE(compare_dumps(*ref_near, *dump_with("cand", {int_tensor("generated", {1}, {1})}), plain)
+                   .find("generated")
+                   ->pass);
+}
+
 TEST(NoiseFloor, CriterionUsesTheSecondHonestRun) {
   std::vector<double> y = normals(4 * 64, 51);
   auto truth = dump_with("truth", {float_tensor("step0.layers.0.attn.q", {4, 64}, to_f32(y))}, "float64");
