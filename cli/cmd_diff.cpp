@@ -39,6 +39,13 @@ int run_diff(const DiffOptions& o) {
   co.explain_layouts = !o.no_layouts;
 
   DumpFile ref(o.ref), cand(o.cand);
+  // Without tolerances given, float32 is judged against each tensor's scale
+  // (a correct engine's float32 rounding passes); 16-bit dtypes by allclose
+  // at their default tolerances.
+  const bool tolerances_given = co.rtol || co.atol || !co.overrides.empty();
+  const ComputeDType dtype = compare::diff_dtype(ref, cand, co);
+  if (!tolerances_given && (dtype == ComputeDType::Float32 || dtype == ComputeDType::Float64))
+    co.criterion = std::make_shared<compare::ScaledMaxCriterion>();
   compare::DiffResult r = compare::compare_dumps(ref, cand, co);
   if (o.json) {
     std::fputs(compare::render_diff_json(r).c_str(), stdout);
@@ -48,6 +55,10 @@ int run_diff(const DiffOptions& o) {
     std::fputs(compare::render_diff_table(r, to).c_str(), stdout);
   }
   if (!o.report.empty()) write_side_output(o.report, compare::render_diff_markdown(r), "report", o.json);
+  if (!o.json && !r.ok())
+    std::fputs("note: float rounding and a real bug can look alike by any fixed tolerance; with the model at hand, "
+               "`llmdiff bisect --model DIR B` judges each name against a float64 noise floor and names the op\n",
+               stdout);
   std::fflush(stdout);
   return r.ok() ? 0 : 1;
 }

@@ -45,6 +45,21 @@ Judgement AllcloseCriterion::judge(const TensorData&, const TensorData&, const T
   return allclose_judgement(cmp);
 }
 
+std::string ScaledMaxCriterion::name() const {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "scaled-max (max|a-b| <= %g x max(1, max|reference|))", scale_);
+  return buf;
+}
+
+Judgement ScaledMaxCriterion::judge(const TensorData&, const TensorData&, const TensorComparison& cmp) const {
+  Judgement j;
+  j.metric = "max|a-b| / max(1, max|ref|)";
+  j.value = cmp.metrics.nonfinite_mismatch ? kInf : cmp.metrics.max_abs / std::max(1.0, cmp.metrics.ref_max_abs);
+  j.threshold = scale_;
+  j.pass = j.value <= scale_;
+  return j;
+}
+
 double TensorComparison::max_abs() const {
   if (!shape_match) return kInf;
   if (is_int) return ints.mismatches ? kInf : 0.0;

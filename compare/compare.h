@@ -54,6 +54,22 @@ class AllcloseCriterion : public Criterion {
   Judgement judge(const TensorData& ref, const TensorData& cand, const TensorComparison& cmp) const override;
 };
 
+// Float32 rounding of a correct engine judged without a model: an error is
+// large or small against the tensor's scale, not each element's (an
+// accumulation's error follows the sum of |terms|, not the result). Passes
+// iff max|a-b| <= `scale` x max(1, max|reference|) (1e-5: the regression
+// policy's float32 rule). `llmdiff diff`'s float32/float64 default; with a
+// model at hand the noise floor of `bisect` is the sharper judge.
+class ScaledMaxCriterion : public Criterion {
+ public:
+  explicit ScaledMaxCriterion(double scale = 1e-5) : scale_(scale) {}
+  std::string name() const override;
+  Judgement judge(const TensorData& ref, const TensorData& cand, const TensorComparison& cmp) const override;
+
+ private:
+  double scale_;
+};
+
 struct CompareOptions {
   std::optional<double> rtol, atol;               // global overrides of the dtype default
   std::vector<ToleranceOverride> overrides;       // per-name (--tol), in order

@@ -4,8 +4,10 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <optional>
 
 #include "compare/tolerance.h"
+#include "dumps/dtype.h"
 #include "dumps/errors.h"
 
 namespace llmdiff::compare {
@@ -129,6 +131,34 @@ LocalNoise local_noise(const TensorSource& values, const Recomputed& local) {
   return out;
 }
 
+namespace {
+
+// The KV cache sites: what an engine stores, possibly at a lower precision
+// than it computes (llama.cpp's default F16 cache).
+bool is_storage_site(const std::string& site) {
+  return site == "attn.k_cache" || site == "attn.v_cache" || site == "attn.latent_cache" ||
+         site == "attn.k_pe_cache";
+}
+
+bool on_grid(float x, ComputeDType grid) {
+  return grid == ComputeDType::BFloat16 ? bf16_to_f32(f32_to_bf16(x)) == x : f16_to_f32(f32_to_f16(x)) == x;
+}
+
+// The 16-bit grid the candidate stored `cf` on, when that explains its
+// difference from the recompute `lf`: every value representable on the grid
+// and at most one of its ulps from the recompute. nullopt: no such grid.
+std::optional<ComputeDType> storage_grid(const std::vector<float>& cf, const std::vector<float>& lf) {
+  for (ComputeDType grid : {ComputeDType::Float16, ComputeDType::BFloat16}) {
+    bool fits = true;
+    for (size_t i = 0; i < cf.size() && fits; ++i)
+      fits = std::isfinite(cf[i]) && on_grid(cf[i], grid) && ulp_distance(cf[i], lf[i], grid) <= 1;
+    if (fits) return grid;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 LocalReport judge_local(const TensorSource& cand, const Recomputed& cand_local, const TensorSource* ref,
                         const Recomputed* ref_local, ComputeDType dtype, const std::vector<std::string>& sites,
                         const LocalNoise* second) {
@@ -199,6 +229,16 @@ LocalReport judge_local(const TensorSource& cand, const Recomputed& cand_local, 
     if (s.has_ref_noise) {
       s.pass = s.noise.pass();
       if (!s.pass) s.note = "local " + s.noise.str();
+      // A cache stored at a lower precision is a deliberate rounding, not a
+      // wrong copy: it passes, said so.
+      if (!s.pass && s.noise.finite && is_storage_site(s.parsed.site)) {
+        if (const std::optional<ComputeDType> grid = storage_grid(cf, lf)) {
+          s.pass = true;
+          s.note = std::string("stored as ") + compute_dtype_name(*grid) +
+                   ": every value is the recompute rounded to " + compute_dtype_name(*grid) +
+                   " (a lower-precision cache, not a copy error; local " + s.noise.str() + ")";
+        }
+      }
     } else {
       s.pass = s.noise.finite;
       s.note = "no reference noise level for this site: not judged by the noise floor (local rmse " +

@@ -66,12 +66,15 @@ class RefEngine : public Engine {
     graph_->add_step(tokens);
     const int s = graph_->steps() - 1;
     // What the observer records, next_logits (returned) and each layer's
-    // KV cache (read by the next call).
+    // KV cache (read by the next call; MLA's latent and k_pe caches too, so
+    // that a later call can report them).
     std::vector<std::string> names;
     for (std::string& n : graph_->names(s, s + 1)) {
       const CanonName c = parse_name(n);
+      const bool cache = c.site == "attn.k_cache" || c.site == "attn.v_cache" ||
+                         (cfg_.mla.enabled && (c.site == "attn.latent_cache" || c.site == "attn.k_pe_cache"));
       const bool needed = (c.kind == CanonName::Kind::Step && c.site == "next_logits") ||
-                          (c.kind == CanonName::Kind::Layer && (c.site == "attn.k_cache" || c.site == "attn.v_cache"));
+                          (c.kind == CanonName::Kind::Layer && cache);
       if (needed || obs.wants(n)) names.push_back(std::move(n));
     }
     graph_->run(names, obs, nullptr, /*keep_caches=*/true);

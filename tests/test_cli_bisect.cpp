@@ -20,6 +20,7 @@
 #include "synth/synth.h"
 #include "compare/bisect_report.h"
 #include "dumps/config.h"
+#include "dumps/dtype.h"
 #include "dumps/errors.h"
 #include "dumps/bugs.h"
 #include "ref/ref_engine.h"
@@ -220,6 +221,39 @@ TEST(BisectAbsorbedMla, AnAbsorbedCandidateIsJudgedFromTheNamesItHas) {
     ASSERT_TRUE(r.diagnosis.bug);
     EXPECT_EQ(r.diagnosis.bug->bug, bug);
   }
+}
+
+// A KV cache stored at a lower precision (llama.cpp's default F16 cache):
+// the cache writes are the recompute rounded to float16, which the local
+// check says instead of calling the copy wrong; a cache that is wrong
+// (kv-overwrite) still fails it.
+TEST(BisectStorage, ACacheStoredAsFloat16IsNotAWrongCopy) {
+  const bisect::ModelOracles& m = oracles("llama-gqa");
+  std::unique_ptr<MemoryDump> cand = impl_candidate(m, golden_scenario("llama-gqa"), {});
+  auto rounded = std::make_unique<MemoryDump>("impl, f16 cache");
+  rounded->mutable_manifest() = cand->manifest();
+  for (const auto& n : cand->names()) {
+    TensorData t = cand->get(n);
+    const std::string site = parse_name(n).site;
+    if (site == "attn.k_cache" || site == "attn.v_cache")
+      for (float& x : t.f) x = f16_to_f32(f32_to_f16(x));
+    rounded->put(t);
+  }
+  BisectResult r = bisect::bisect_candidate(m, *rounded, BisectOptions{});
+  SCOPED_TRACE(describe(r));
+  int caches = 0;
+  for (const auto& site : r.local.sites) {
+    if (site.parsed.site != "attn.k_cache" && site.parsed.site != "attn.v_cache") continue;
+    ++caches;
+    EXPECT_TRUE(site.pass) << site.name << ": " << site.note;
+    if (site.parsed.step > 0) EXPECT_NE(site.note.find("stored as float16"), std::string::npos) << site.note;
+  }
+  EXPECT_EQ(caches, 2 * 2 * 4);
+  std::unique_ptr<MemoryDump> wrong = impl_candidate(m, golden_scenario("llama-gqa"), {"kv-overwrite"});
+  BisectResult w = bisect::bisect_candidate(m, *wrong, BisectOptions{});
+  const compare::LocalSite* cache = w.local.find("step1.layers.0.attn.k_cache");
+  ASSERT_NE(cache, nullptr);
+  EXPECT_FALSE(cache->pass);
 }
 
 // ---------------------------------------------------------------------------

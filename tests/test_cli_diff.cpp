@@ -53,6 +53,25 @@ TEST(CliDiff, ImplDumpAgainstGoldenHF) {
   EXPECT_EQ(j["greedy"]["steps"][0]["ref_token"], j["greedy"]["steps"][0]["cand_token"]);
 }
 
+// A correct engine's float32 rounding is not a divergence by default: every
+// float32 golden model's impl replay passes (elementwise allclose at
+// torch's tolerances failed several of them, NMSE ~1e-12); explicit
+// tolerances still mean allclose.
+TEST(CliDiff, Float32RoundingOfACorrectEnginePassesByDefault) {
+  for (const std::string& model : golden_models()) {
+    if (load_config(golden_model(model)).torch_dtype != "float32") continue;
+    SCOPED_TRACE(model);
+    const std::string g = golden_dump(model, "decode");
+    const std::string impl = temp_path("diff-impl-" + model + ".safetensors");
+    write_engine_dump("impl", golden_model(model), g, impl);
+    CliRun r = run_cli({"diff", g, impl});
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("criterion scaled-max"), std::string::npos) << r.out;
+    CliRun strict = run_cli({"diff", g, impl, "--rtol", "0", "--atol", "0", "--json"});
+    EXPECT_EQ(nlohmann::json::parse(strict.out)["criterion"], "allclose");
+  }
+}
+
 TEST(CliDiff, ZooBugIsLocalisedAndReported) {
   std::string g = golden_dump("llama-gqa", "chunked");
   std::string bug = temp_path("diff-kv-overwrite.safetensors");
