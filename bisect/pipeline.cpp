@@ -97,6 +97,14 @@ RefRunner::RefRunner(const Model& model, std::string model_dir, int threads)
     : model_(model), dir_(std::move(model_dir)), threads_(threads) {}
 RefRunner::~RefRunner() = default;
 
+std::optional<ComputeDType> RefRunner::weights_dtype() const {
+  switch (model_.weights->storage_dtype()) {
+    case DType::BF16: return ComputeDType::BFloat16;
+    case DType::F16: return ComputeDType::Float16;
+    default: return std::nullopt;
+  }
+}
+
 std::unique_ptr<MemoryDump> RefRunner::run(const Scenario& sc, ComputeDType dtype,
                                            const std::vector<std::string>& wanted) const {
   auto dump = std::make_unique<SelectiveDump>(std::string("ref ") + compute_dtype_name(dtype), wanted);

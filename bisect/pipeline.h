@@ -27,6 +27,7 @@ class RefRunner : public compare::ReferenceRunner {
   std::unique_ptr<MemoryDump> run(const Scenario& sc, ComputeDType dtype,
                                   const std::vector<std::string>& wanted = {}) const override;
   std::string describe() const override;
+  std::optional<ComputeDType> weights_dtype() const override;
 
  private:
   const Model& model_;

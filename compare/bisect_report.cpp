@@ -148,6 +148,7 @@ json bisect_to_json(const BisectResult& r) {
             {"local", nullptr},
             {"diagnosis", nullptr},
             {"notes", r.notes},
+            {"declare_dtype", r.declare_dtype ? json(compute_dtype_name(*r.declare_dtype)) : json(nullptr)},
             {"diff", diff_to_json(r.global)}};
   if (r.local.ran) {
     json failing = json::array();
@@ -252,6 +253,8 @@ std::string render_bisect_table(const BisectResult& r, const BisectTableOptions&
     if (d.bug)
       o += d.bug->str() + " (evidence: " + d.basis + ")\n" +
            (d.description.empty() ? "" : "  the bug: " + d.description + "\n");
+    else if (r.declare_dtype)
+      o += std::string("precision, not a bug: declare ") + compute_dtype_name(*r.declare_dtype) + "\n";
     else
       o += "no bug of the zoo fits\n";
     o += "  " + d.evidence + "\n";
@@ -344,7 +347,11 @@ std::string render_bisect_markdown(const BisectResult& r) {
     o += "Nothing to diagnose.\n\n";
   } else {
     o += "- Focus: " + code(d.focus) + "\n";
-    o += "- Bug: " + (d.bug ? "**" + code(d.bug->str()) + "** (evidence: " + d.basis + ")" : std::string("none of the zoo fits")) + "\n";
+    o += "- Bug: " + (d.bug ? "**" + code(d.bug->str()) + "** (evidence: " + d.basis + ")"
+                            : r.declare_dtype ? std::string("none: precision, declare ") +
+                                                    code(compute_dtype_name(*r.declare_dtype))
+                                              : std::string("none of the zoo fits")) +
+         "\n";
     if (d.bug && !d.description.empty()) o += "- What it does: " + md_escape(d.description) + "\n";
     o += "- Evidence: " + md_escape(d.evidence) + "\n\n";
     if (!d.ranked.empty()) {

@@ -882,8 +882,9 @@ BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, 
   done(std::string("reference run in ") + compute_dtype_name(r.dtype));
   CompareOptions co = opt.compare;
   co.dtype = r.dtype;
+  std::shared_ptr<MemoryDump> truth;
   if (opt.noise_floor) {
-    std::shared_ptr<MemoryDump> truth = reference.run(r.scenario, ComputeDType::Float64, wanted);
+    truth = reference.run(r.scenario, ComputeDType::Float64, wanted);
     done("reference run in float64");
     auto criterion = std::make_shared<NoiseFloorCriterion>(truth, r.dtype, clean);
     criterion->set_reference(ref);
@@ -892,8 +893,25 @@ BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, 
     if (clean) r.second_noise = clean->label();
   }
   r.global = compare_dumps(*ref, cand, co);
-  co.criterion.reset();  // the float64 truth (a dump's worth of memory) is not needed any more
   done("comparison");
+  // A float32 candidate that diverges but is a 16-bit computation (an engine
+  // rounding its matmul inputs to the weights' dtype) is told which dtype to
+  // declare, instead of being diagnosed with a bug.
+  if (opt.noise_floor && !r.global.ok() && r.dtype == ComputeDType::Float32) {
+    if (const std::optional<ComputeDType> low = reference.weights_dtype()) {
+      std::shared_ptr<MemoryDump> at_low = reference.run(r.scenario, *low, wanted);
+      auto criterion = std::make_shared<NoiseFloorCriterion>(truth, *low);
+      criterion->set_reference(at_low);
+      CompareOptions lo = co;
+      lo.criterion = criterion;
+      lo.explain_layouts = false;
+      const DiffResult as_low = compare_dumps(*at_low, cand, lo);
+      if (as_low.ok()) r.declare_dtype = *low;
+      done(std::string("comparison at the weights' dtype (") + compute_dtype_name(*low) + ")");
+    }
+  }
+  co.criterion.reset();  // the float64 truth (a dump's worth of memory) is not needed any more
+  truth.reset();
 
   std::unique_ptr<Recomputed> ref_local;
   LocalNoise second_local;
@@ -922,7 +940,16 @@ BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, 
                         " candidate names have no local recompute (their inputs are not in the dump and cannot be "
                         "derived), e.g. " + missing.front());
   }
-  if (opt.diagnose) {
+  if (r.declare_dtype) {
+    const std::string d = compute_dtype_name(*r.declare_dtype);
+    r.diagnosis.needed = true;
+    r.diagnosis.focus = r.localised_at().value_or("");
+    r.diagnosis.basis = "precision";
+    r.diagnosis.evidence = "no bug: judged as " + d + " (the dtype the weights are stored in) every name of the " +
+                           "candidate is within the noise floor. It computes in " + d +
+                           " (its matmul inputs rounded to the weights' dtype) while its manifest says float32; "
+                           "declare \"dtype\": \"" + d + "\" in the dump's manifest";
+  } else if (opt.diagnose) {
     DiagnoseInputs in;
     in.cand = &cand;
     in.ref = ref.get();

@@ -40,6 +40,10 @@ class ReferenceRunner {
   virtual std::unique_ptr<MemoryDump> run(const Scenario& sc, ComputeDType dtype,
                                           const std::vector<std::string>& wanted = {}) const = 0;
   virtual std::string describe() const = 0;  // producer text for reports
+  // The 16-bit dtype the model's weights are stored in (bfloat16, float16),
+  // nullopt when float32: an engine that computes with them may round its
+  // matmul inputs to it whatever its manifest says.
+  virtual std::optional<ComputeDType> weights_dtype() const { return std::nullopt; }
 };
 
 // Runs the model with one bug hypothesis switched on.
@@ -138,6 +142,9 @@ struct BisectResult {
   LocalReport local;                          // candidate's local errors
   Diagnosis diagnosis;
   std::vector<std::string> notes;
+  // Set when a float32 candidate that diverges is within the noise floor
+  // judged at the weights' 16-bit dtype: the dtype to declare.
+  std::optional<ComputeDType> declare_dtype;
   // The first divergent name (global), the first local failure.
   std::optional<std::string> first_divergence() const;
   std::optional<std::string> first_local_failure() const;

@@ -256,6 +256,27 @@ TEST(BisectStorage, ACacheStoredAsFloat16IsNotAWrongCopy) {
   EXPECT_FALSE(cache->pass);
 }
 
+// HF's own bfloat16 run declared float32 (an engine that rounds its matmul
+// inputs to the weights' dtype but says float32): not a bug; the report says
+// which dtype to declare. Declared bfloat16 it passes.
+TEST(BisectPrecision, ABfloat16RunDeclaredFloat32IsToldWhichDtypeToDeclare) {
+  const bisect::ModelOracles& m = oracles("llama-mha-bf16");
+  DumpFile golden(golden_dump("llama-mha-bf16", "decode"));
+  MemoryDump declared("hf bf16 declared float32");
+  declared.mutable_manifest() = golden.manifest();
+  declared.mutable_manifest().dtype = "float32";
+  for (const auto& n : golden.names()) declared.put(golden.get(n));
+  BisectResult r = bisect::bisect_candidate(m, declared, BisectOptions{});
+  SCOPED_TRACE(describe(r));
+  EXPECT_EQ(r.exit_code(), 1);
+  ASSERT_TRUE(r.declare_dtype.has_value());
+  EXPECT_EQ(*r.declare_dtype, ComputeDType::BFloat16);
+  EXPECT_FALSE(r.diagnosis.bug);
+  EXPECT_EQ(r.diagnosis.basis, "precision");
+  EXPECT_NE(r.diagnosis.evidence.find("\"dtype\": \"bfloat16\""), std::string::npos);
+  EXPECT_EQ(bisect::bisect_candidate(m, golden, BisectOptions{}).exit_code(), 0);
+}
+
 // ---------------------------------------------------------------------------
 // Honest implementations pass.
 
