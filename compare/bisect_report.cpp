@@ -149,6 +149,10 @@ json bisect_to_json(const BisectResult& r) {
             {"diagnosis", nullptr},
             {"notes", r.notes},
             {"declare_dtype", r.declare_dtype ? json(compute_dtype_name(*r.declare_dtype)) : json(nullptr)},
+            {"layout", r.layout ? json{{"kind", finding_kind_name(r.layout->kind)},
+                                       {"rope", r.layout->rope},
+                                       {"summary", r.layout->summary}}
+                                : json(nullptr)},
             {"diff", diff_to_json(r.global)}};
   if (r.local.ran) {
     json failing = json::array();
@@ -255,6 +259,9 @@ std::string render_bisect_table(const BisectResult& r, const BisectTableOptions&
            (d.description.empty() ? "" : "  the bug: " + d.description + "\n");
     else if (r.declare_dtype)
       o += std::string("precision, not a bug: declare ") + compute_dtype_name(*r.declare_dtype) + "\n";
+    else if (r.layout)
+      o += std::string("the engine's own layout, not a bug (") + finding_kind_name(r.layout->kind) +
+           (r.layout->rope.empty() ? "" : ", RoPE pairs " + r.layout->rope) + ")\n";
     else
       o += "no bug of the zoo fits\n";
     o += "  " + d.evidence + "\n";
@@ -350,6 +357,9 @@ std::string render_bisect_markdown(const BisectResult& r) {
     o += "- Bug: " + (d.bug ? "**" + code(d.bug->str()) + "** (evidence: " + d.basis + ")"
                             : r.declare_dtype ? std::string("none: precision, declare ") +
                                                     code(compute_dtype_name(*r.declare_dtype))
+                            : r.layout        ? std::string("none: the engine's own layout (") +
+                                                    finding_kind_name(r.layout->kind) +
+                                                    (r.layout->rope.empty() ? "" : ", " + r.layout->rope) + ")"
                                               : std::string("none of the zoo fits")) +
          "\n";
     if (d.bug && !d.description.empty()) o += "- What it does: " + md_escape(d.description) + "\n";

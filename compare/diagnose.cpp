@@ -850,6 +850,46 @@ Diagnosis diagnose(const DiagnoseInputs& in) {
 // ---------------------------------------------------------------------------
 // The pipeline
 
+namespace {
+
+// An engine's own layout instead of a bug: every diverging name matches the
+// reference after the same transform (the same kind, RoPE re-pairing and
+// axis order), and nothing else diverges. The finding becomes the headline.
+void explain_by_layout(BisectResult& r) {
+  std::optional<LayoutFinding> common;
+  size_t explained = 0;
+  for (const TensorComparison& t : r.global.tensors) {
+    if (t.pass) continue;
+    const LayoutFinding* match = nullptr;
+    for (const LayoutFinding& f : t.findings)
+      if (f.matches && f.kind != LayoutFinding::Kind::CacheLength) {
+        match = &f;
+        break;
+      }
+    if (!match) return;  // a divergence the layout does not explain
+    if (!common) common = *match;
+    if (match->kind != common->kind || match->rope != common->rope) return;
+    ++explained;
+  }
+  if (!common || explained == 0) return;
+  r.layout = common;
+  double worst = 0;
+  for (const TensorComparison& t : r.global.tensors)
+    for (const LayoutFinding& f : t.findings)
+      if (f.matches) worst = std::max(worst, f.metrics.max_abs);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.3g", worst);
+  Diagnosis& d = r.diagnosis;
+  d.basis = "layout";
+  d.evidence = "no bug: every one of the " + std::to_string(explained) +
+               " diverging names matches the reference after the same layout transform (" +
+               finding_kind_name(common->kind) + (common->rope.empty() ? "" : ", RoPE pairs " + common->rope) +
+               "; max error after it " + buf + "), e.g. " + common->summary +
+               ". The dump holds the engine's own layout: apply that transform when exporting to llm-dump/1";
+}
+
+}  // namespace
+
 BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, const LocalOracle* oracle,
                     const HypothesisRunner* hypotheses, const BisectOptions& opt) {
   auto done = [&](const std::string& what) {
@@ -964,6 +1004,7 @@ BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, 
     in.dtype = r.dtype;
     in.sites = co.sites;
     r.diagnosis = diagnose(in);
+    if (!r.diagnosis.bug) explain_by_layout(r);
     done("diagnosis");
   } else {
     r.diagnosis.needed = !r.ok();

@@ -145,6 +145,10 @@ struct BisectResult {
   // Set when a float32 candidate that diverges is within the noise floor
   // judged at the weights' 16-bit dtype: the dtype to declare.
   std::optional<ComputeDType> declare_dtype;
+  // Set when no bug fits and every diverging name matches the reference
+  // after one and the same layout transform (an engine's own layout, e.g.
+  // llama.cpp's q/k rows permuted for interleaved RoPE): that transform.
+  std::optional<LayoutFinding> layout;
   // The first divergent name (global), the first local failure.
   std::optional<std::string> first_divergence() const;
   std::optional<std::string> first_local_failure() const;

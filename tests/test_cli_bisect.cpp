@@ -256,6 +256,45 @@ TEST(BisectStorage, ACacheStoredAsFloat16IsNotAWrongCopy) {
   EXPECT_FALSE(cache->pass);
 }
 
+// llama.cpp's layout: q/k rows permuted so that RoPE rotates adjacent pairs.
+// Every q/k-side name holds each head's dims interleaved (2i <- i,
+// 2i+1 <- i + Dh/2); scores and everything after are HF's. Not a bug: the
+// headline is the layout, with the transform to apply.
+TEST(BisectLayout, AnEnginesOwnRopeLayoutIsTheFindingNotABug) {
+  const bisect::ModelOracles& m = oracles("llama-gqa");
+  DumpFile golden(golden_dump("llama-gqa", "decode"));
+  const int64_t Dh = m.model.config.head_dim;
+  MemoryDump permuted("llama.cpp-style q/k layout");
+  permuted.mutable_manifest() = golden.manifest();
+  for (const auto& n : golden.names()) {
+    TensorData t = golden.get(n);
+    const std::string site = parse_name(n).site;
+    if (site == "attn.q" || site == "attn.k" || site == "attn.q_rope" || site == "attn.k_rope" ||
+        site == "attn.k_cache" || site == "attn.k_rep") {
+      std::vector<float> out(t.f.size());
+      for (size_t base = 0; base < t.f.size(); base += size_t(Dh))
+        for (int64_t i = 0; i < Dh / 2; ++i) {
+          out[base + size_t(2 * i)] = t.f[base + size_t(i)];
+          out[base + size_t(2 * i + 1)] = t.f[base + size_t(i + Dh / 2)];
+        }
+      t.f = out;
+    }
+    permuted.put(t);
+  }
+  BisectResult r = bisect::bisect_candidate(m, permuted, BisectOptions{});
+  SCOPED_TRACE(describe(r));
+  EXPECT_EQ(r.exit_code(), 1);
+  EXPECT_FALSE(r.diagnosis.bug);
+  ASSERT_TRUE(r.layout.has_value());
+  EXPECT_EQ(r.layout->rope, "interleaved->half");
+  EXPECT_EQ(r.diagnosis.basis, "layout");
+  EXPECT_NE(r.diagnosis.evidence.find("engine's own layout"), std::string::npos);
+  // A real bug is not explained away: rope-interleaved changes the scores too.
+  BisectResult bug = bisect::bisect_candidate(m, *impl_candidate(m, golden_scenario("llama-gqa"), {"rope-interleaved"}),
+                                              BisectOptions{});
+  EXPECT_FALSE(bug.layout.has_value());
+}
+
 // HF's own bfloat16 run declared float32 (an engine that rounds its matmul
 // inputs to the weights' dtype but says float32): not a bug; the report says
 // which dtype to declare. Declared bfloat16 it passes.
