@@ -181,11 +181,33 @@ std::vector<Fingerprint> fingerprints(const TensorSource& cand, const TensorSour
     if (passing(fn)) {
       const TensorComparison* a = global.find(fn);
       const TensorComparison* b = global.find(logits);
-      out.push_back({named(zoo::Signature::HeadOnly),
-                     fn + " matches the reference (rmse " + num(a->metrics.rmse) + ") while " + logits +
-                         " does not (rmse " + num(b->metrics.rmse) + ", max err " + num(b->metrics.max_abs) +
-                         "): the lm_head projection itself is wrong",
-                     true});
+      const std::string head = fn + " matches the reference (rmse " + num(a->metrics.rmse) + ") while " + logits +
+                               " does not (rmse " + num(b->metrics.rmse) + ", max err " + num(b->metrics.max_abs) + ")";
+      // Another head matrix gives logits of no simple relation to the
+      // reference's; logits that are a multiple of them are a scale (a
+      // logit scale, a soft-cap's linear range), not the lm-head bug.
+      TensorData cl = cand.get(logits), rl = ref.get(logits);
+      double k = 0, rel = INFINITY;
+      if (cl.shape == rl.shape && !cl.is_int && !rl.is_int) {
+        double num_ = 0, den = 0;
+        for (size_t i = 0; i < cl.f.size(); ++i) {
+          num_ += double(cl.f[i]) * rl.f[i];
+          den += double(rl.f[i]) * rl.f[i];
+        }
+        if (den > 0) {
+          k = num_ / den;
+          std::vector<float> scaled(rl.f.size());
+          for (size_t i = 0; i < rl.f.size(); ++i) scaled[i] = float(k * rl.f[i]);
+          rel = rmse(cl.f.data(), scaled.data(), cl.numel()) / std::max(1e-30, b->metrics.rmse);
+        }
+      }
+      if (rel * 100 < 1)
+        out.push_back({named(zoo::Signature::HeadOnly),
+                       head + ", and " + logits + " is the reference's times " + value_str(k) +
+                           ": a scale of the logits, not another head matrix",
+                       false});
+      else
+        out.push_back({named(zoo::Signature::HeadOnly), head + ": the lm_head projection itself is wrong", true});
     } else if (cfg && !cand.has(fn)) {
       const std::string last = layer_name(s, int(cfg->num_hidden_layers) - 1, "out");
       if (passing(last))
@@ -377,10 +399,24 @@ std::vector<Fingerprint> fingerprints(const TensorSource& cand, const TensorSour
     for (size_t i = 0; i < b.f.size(); ++i) scaled[i] = float(k * b.f[i]);
     const double e = rmse(a.f.data(), scaled.data(), a.numel()), e1 = rmse(a.f.data(), b.f.data(), a.numel());
     if (e * 100 < e1) {
-      std::string what = "the scores are the reference's times " + value_str(k);
-      if (cfg && cfg->head_dim > 0 && std::fabs(k * std::sqrt(double(cfg->head_dim)) - 1.0) < 1e-3)
-        what += " = 1/sqrt(head_dim): scaled by 1/head_dim instead of 1/sqrt(head_dim)";
-      out.push_back({named(zoo::Signature::ScoresRescaled), n + ": " + what + " (rmse after rescaling " + num(e) + ")", true});
+      // The zoo's softmax-scale scales by 1/Dh instead of the model's own
+      // scaling (Dh^-0.5; MLA: (Dn+Dr)^-0.5 x mscale^2): the factor it
+      // implies is (1/Dh) / scaling. Named only for that factor; any other
+      // is reported as the scale it is.
+      const std::string what = "the scores are the reference's times " + value_str(k);
+      const std::string rest = " (rmse after rescaling " + num(e) + ")";
+      const int64_t dh = cfg ? (cfg->mla.enabled ? cfg->mla.qk_head_dim() : cfg->head_dim) : 0;
+      const double implied = dh > 0 ? (1.0 / double(dh)) / cfg->attn_scaling() : 0.0;
+      if (implied > 0 && std::fabs(k / implied - 1.0) < 1e-3)
+        out.push_back({named(zoo::Signature::ScoresRescaled),
+                       n + ": " + what + " = (1/" + std::to_string(dh) + ") / the model's scaling: scaled by 1/" +
+                           std::to_string(dh) + " instead" + rest,
+                       true});
+      else
+        out.push_back({named(zoo::Signature::ScoresRescaled),
+                       n + ": " + what + rest + ", not the factor softmax-scale implies (" + value_str(implied) +
+                           "): a scaling error of another kind",
+                       false});
     }
     break;
   }
