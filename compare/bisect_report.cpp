@@ -12,6 +12,14 @@
 namespace llmdiff::compare {
 
 namespace {
+std::string num_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", v);
+  return buf;
+}
+}  // namespace
+
+namespace {
 using nlohmann::json;
 
 json opt_str(const std::optional<std::string>& s) { return s ? json(*s) : json(nullptr); }
@@ -175,11 +183,15 @@ json bisect_to_json(const BisectResult& r) {
              {"ambiguous", d.ambiguous},
              {"hypotheses", json::array()},
              {"fingerprints", json::array()},
+             {"signatures", json::array()},
              {"inapplicable", json::array()}};
   for (const auto& e : d.ranked) dj["hypotheses"].push_back(hypothesis_json(e));
   for (const auto& f : d.fingerprints)
     dj["fingerprints"].push_back({{"bug", f.bug}, {"evidence", f.evidence}, {"decisive", f.decisive}});
   for (const auto& p : d.inapplicable) dj["inapplicable"].push_back({{"bug", p.first}, {"reason", p.second}});
+  for (const auto& g : d.signatures)
+    dj["signatures"].push_back(
+        {{"name", g.name}, {"kind", g.kind}, {"detail", g.detail}, {"fit", g.fit}, {"decisive", g.decisive}});
   j["diagnosis"] = dj;
   return j;
 }
@@ -289,6 +301,12 @@ std::string render_bisect_table(const BisectResult& r, const BisectTableOptions&
       for (const auto& f : d.fingerprints)
         o += "    " + f.bug + (f.decisive ? "" : " (hint)") + ": " + f.evidence + "\n";
     }
+    if (!d.signatures.empty()) {
+      o += "\n  Error signatures:\n";
+      for (const auto& g : d.signatures)
+        o += "    " + g.name + ": " + g.kind + (g.decisive ? "" : " (partial fit " + num_text(g.fit) + ")") + ": " +
+             g.detail + "\n";
+    }
     if (!d.inapplicable.empty()) {
       o += "\n  Not applicable to this model: ";
       std::string list;
@@ -384,6 +402,13 @@ std::string render_bisect_markdown(const BisectResult& r) {
       o += "Fingerprints:\n\n";
       for (const auto& f : d.fingerprints)
         o += "- " + code(f.bug) + (f.decisive ? "" : " (hint)") + ": " + md_escape(f.evidence) + "\n";
+      o += "\n";
+    }
+    if (!d.signatures.empty()) {
+      o += "Error signatures:\n\n";
+      for (const auto& g : d.signatures)
+        o += "- " + code(g.name) + ": **" + g.kind + "**" + (g.decisive ? "" : " (partial fit " + num_text(g.fit) + ")") +
+             ": " + md_escape(g.detail) + "\n";
       o += "\n";
     }
   }

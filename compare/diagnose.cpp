@@ -888,6 +888,28 @@ Diagnosis diagnose(const DiagnoseInputs& in) {
 
 namespace {
 
+// The error signatures at the focus and the first failing names; a decisive
+// one at the focus is the finding when no bug fits.
+void add_signatures(BisectResult& r, const TensorSource& cand, const TensorSource& ref) {
+  std::vector<std::string> names;
+  if (auto at = r.localised_at()) names.push_back(*at);
+  for (const TensorComparison& t : r.global.tensors) {
+    if (names.size() >= 4) break;
+    if (!t.pass && !t.is_int && t.shape_match && std::find(names.begin(), names.end(), t.name) == names.end())
+      names.push_back(t.name);
+  }
+  const std::optional<ModelConfig> cfg = manifest_config(ref, cand);
+  for (const std::string& n : names)
+    for (ErrorSignature& s : error_signatures(n, cand, ref, cfg)) r.diagnosis.signatures.push_back(std::move(s));
+  if (r.diagnosis.bug || r.diagnosis.signatures.empty()) return;
+  const ErrorSignature& best = r.diagnosis.signatures.front();
+  if (best.decisive && !names.empty() && best.name == names.front()) {
+    r.diagnosis.basis = "signature";
+    r.diagnosis.evidence = "no bug of the zoo; the error is a " + best.kind + " at " + best.name + ": " + best.detail +
+                           ". " + r.diagnosis.evidence;
+  }
+}
+
 // An engine's own layout instead of a bug: every diverging name matches the
 // reference after the same transform (the same kind, RoPE re-pairing and
 // axis order), and nothing else diverges. The finding becomes the headline.
@@ -1040,6 +1062,7 @@ BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, 
     in.dtype = r.dtype;
     in.sites = co.sites;
     r.diagnosis = diagnose(in);
+    add_signatures(r, cand, *ref);
     if (!r.diagnosis.bug) explain_by_layout(r);
     done("diagnosis");
   } else {

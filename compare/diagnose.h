@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "compare/compare.h"
+#include "compare/signatures.h"
 #include "compare/local_error.h"
 #include "compare/noise_floor.h"
 #include "dumps/engine.h"
@@ -113,6 +114,9 @@ struct Diagnosis {
   std::vector<Fingerprint> fingerprints;    // those that fired
   std::vector<std::pair<std::string, std::string>> inapplicable;  // bug, reason
   std::vector<std::string> ambiguous;       // other hypotheses the evidence supports equally well
+  // What the error looks like at the focus and the first failing names
+  // (compare/signatures.h), best first per name.
+  std::vector<ErrorSignature> signatures;
 };
 
 struct BisectOptions {

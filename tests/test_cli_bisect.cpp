@@ -8,6 +8,8 @@
 // codes, JSON, Markdown reports, usage errors.
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -246,7 +248,9 @@ TEST(BisectStorage, ACacheStoredAsFloat16IsNotAWrongCopy) {
     if (site.parsed.site != "attn.k_cache" && site.parsed.site != "attn.v_cache") continue;
     ++caches;
     EXPECT_TRUE(site.pass) << site.name << ": " << site.note;
-    if (site.parsed.step > 0) EXPECT_NE(site.note.find("stored as float16"), std::string::npos) << site.note;
+    if (site.parsed.step > 0) {
+      EXPECT_NE(site.note.find("stored as float16"), std::string::npos) << site.note;
+    }
   }
   EXPECT_EQ(caches, 2 * 2 * 4);
   std::unique_ptr<MemoryDump> wrong = impl_candidate(m, golden_scenario("llama-gqa"), {"kv-overwrite"});
@@ -293,6 +297,58 @@ TEST(BisectLayout, AnEnginesOwnRopeLayoutIsTheFindingNotABug) {
   BisectResult bug = bisect::bisect_candidate(m, *impl_candidate(m, golden_scenario("llama-gqa"), {"rope-interleaved"}),
                                               BisectOptions{});
   EXPECT_FALSE(bug.layout.has_value());
+}
+
+// Bugs outside the zoo, made by transforming HF's own dump at one name:
+// the error's signature is reported with its numbers, no zoo bug claimed.
+TEST(BisectSignatures, ErrorsOutsideTheZooGetTheirSignature) {
+  const bisect::ModelOracles& m = oracles("llama-gqa");
+  DumpFile golden(golden_dump("llama-gqa", "decode"));
+  const int64_t Dh = m.model.config.head_dim;
+  struct Case {
+    std::string name, kind, detail;
+    std::function<void(TensorData&, const TensorSource&)> change;
+  };
+  const std::vector<Case> cases = {
+      {"step0.layers.0.attn.scores", "scale", "= sqrt(Dh)",
+       [&](TensorData& t, const TensorSource&) {
+         for (float& x : t.f) x *= float(std::sqrt(double(Dh)));
+       }},
+      {"step0.layers.0.attn_norm", "shift", "row t holds the reference's row t+1",
+       [](TensorData& t, const TensorSource&) {
+         const int64_t T = t.shape[0], X = t.shape[1];
+         for (int64_t r = 0; r + 1 < T; ++r)
+           for (int64_t x = 0; x < X; ++x) t.f[size_t(r * X + x)] = t.f[size_t((r + 1) * X + x)];
+       }},
+      {"step0.layers.0.attn.v", "alias", "step0.layers.0.attn.k",
+       [](TensorData& t, const TensorSource& g) { t.f = g.get("step0.layers.0.attn.k").f; }},
+      {"step0.layers.0.attn.q_rope", "partial", "1 of 4 heads wrong (2)",
+       [](TensorData& t, const TensorSource&) {
+         const size_t per = size_t(t.shape[1] * t.shape[2]);
+         for (size_t i = 2 * per; i < 3 * per; ++i) t.f[i] = std::sin(float(i)) * 3.0f;
+       }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name + " " + c.kind);
+    MemoryDump cand("transformed");
+    cand.mutable_manifest() = golden.manifest();
+    for (const auto& n : golden.names()) {
+      TensorData t = golden.get(n);
+      if (n == c.name) c.change(t, golden);
+      cand.put(t);
+    }
+    BisectResult r = bisect::bisect_candidate(m, cand, BisectOptions{});
+    SCOPED_TRACE(describe(r));
+    EXPECT_EQ(r.localised_at().value_or(""), c.name);
+    EXPECT_FALSE(r.diagnosis.bug);
+    bool found = false;
+    for (const auto& g : r.diagnosis.signatures)
+      if (g.name == c.name && g.kind == c.kind && g.detail.find(c.detail) != std::string::npos) found = true;
+    EXPECT_TRUE(found);
+    if (c.kind != "partial") {
+      EXPECT_EQ(r.diagnosis.basis, "signature");
+    }
+  }
 }
 
 // HF's own bfloat16 run declared float32 (an engine that rounds its matmul

@@ -107,7 +107,9 @@ TEST(Config, EveryGoldenConfigParsesToItsValues) {
     EXPECT_EQ(c.source, path);
     EXPECT_EQ(c.raw_json, text);
     EXPECT_EQ(c.model_type, j["model_type"].get<std::string>());
-    if (!c.moe.enabled()) EXPECT_EQ(family_name(c.family), j["model_type"].get<std::string>());
+    if (!c.moe.enabled()) {
+      EXPECT_EQ(family_name(c.family), j["model_type"].get<std::string>());
+    }
     EXPECT_EQ(c.hidden_size, j["hidden_size"].get<int64_t>());
     EXPECT_EQ(c.intermediate_size, j["intermediate_size"].get<int64_t>());
     EXPECT_EQ(c.num_hidden_layers, j["num_hidden_layers"].get<int64_t>());

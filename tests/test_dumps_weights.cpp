@@ -105,7 +105,9 @@ void check_model(const ModelWeights& w, const std::string& golden) {
     EXPECT_EQ(L.post_attn_norm.shape, Shape{D});
     // Every view is the stored tensor of its name, bytes and all.
     for (const WeightView* v : L.views())
-      if (*v) EXPECT_TRUE(same_bytes(*v)) << v->name;
+      if (*v) {
+        EXPECT_TRUE(same_bytes(*v)) << v->name;
+      }
     if (c.mla.enabled) {
       const MlaConfig& a = c.mla;
       EXPECT_EQ(L.q.name, p + "self_attn.q_b_proj.weight");

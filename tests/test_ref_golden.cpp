@@ -237,7 +237,9 @@ TEST(RefLayerByLayerWeights, SameValuesAsEachWeightConvertedAloneAndBuffersReuse
     // Every weight of a layer as converting it alone gives.
     for (int l = 0; l < 2; ++l)
       for (const WeightView* which : model.weights->layers[size_t(l)].views())
-        if (*which) EXPECT_TRUE(torch::equal(lw.weight(*which), whole(*which)));
+        if (*which) {
+          EXPECT_TRUE(torch::equal(lw.weight(*which), whole(*which)));
+        }
     const int64_t after_all = lw.conversions();
     EXPECT_EQ(after_all, 18);
     const void* buffer = nullptr;

@@ -362,7 +362,9 @@ TEST(RefOps, AttentionPieces) {
       for (int64_t s = 0; s <= P + t; ++s) denom += std::exp(Sc[h][t][s]);
       for (int64_t s = 0; s < S; ++s) {
         sum += Pr[h][t][s];
-        if (s > P + t) EXPECT_EQ(Pr[h][t][s], 0.0);
+        if (s > P + t) {
+          EXPECT_EQ(Pr[h][t][s], 0.0);
+        }
         else EXPECT_NEAR(Pr[h][t][s], std::exp(Sc[h][t][s]) / denom, 1e-12);
       }
       EXPECT_NEAR(sum, 1.0, 1e-12);

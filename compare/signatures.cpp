@@ -1,0 +1,222 @@
+#include "compare/signatures.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "dumps/names.h"
+
+namespace llmdiff::compare {
+
+namespace {
+
+// "Explained": what is left is float32 rounding of the tensor's scale.
+constexpr double kExact = 1e-5;   // residual RMS / RMS of the reference
+constexpr double kFits = 1e-2;    // residual / error before: a partial explanation
+
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4g", v);
+  return buf;
+}
+
+double rms(const float* a, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += double(a[i]) * a[i];
+  return n > 0 ? std::sqrt(s / double(n)) : 0.0;
+}
+
+double rmse(const float* a, const float* b, int64_t n, double scale_b = 1.0) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = double(a[i]) - scale_b * double(b[i]);
+    s += d * d;
+  }
+  return n > 0 ? std::sqrt(s / double(n)) : 0.0;
+}
+
+// Least-squares c in a ~ c b.
+double fit_scale(const float* a, const float* b, int64_t n) {
+  double num_ = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    num_ += double(a[i]) * b[i];
+    den += double(b[i]) * b[i];
+  }
+  return den > 0 ? num_ / den : 0.0;
+}
+
+// Named forms of a factor: "sqrt(Dh) = 4", ...
+std::string recognise(double c, const std::optional<ModelConfig>& cfg) {
+  if (!cfg) return "";
+  const double D = double(cfg->hidden_size);
+  const double dh = double(cfg->mla.enabled ? cfg->mla.qk_head_dim() : cfg->head_dim);
+  const std::vector<std::pair<std::string, double>> forms = {
+      {"sqrt(Dh)", std::sqrt(dh)}, {"1/sqrt(Dh)", 1.0 / std::sqrt(dh)}, {"Dh", dh}, {"1/Dh", 1.0 / dh},
+      {"sqrt(D)", std::sqrt(D)},   {"1/sqrt(D)", 1.0 / std::sqrt(D)},   {"-1", -1.0}, {"2", 2.0}, {"1/2", 0.5}};
+  for (const auto& [label, v] : forms)
+    if (std::fabs(c / v - 1.0) < 1e-3) return label;
+  return "";
+}
+
+// The "head" view of a tensor: [H, rest] for [H, T, X] tensors, [T, H, X]
+// for [T, H*Dh] projections (H from the config), else none.
+struct Heads {
+  int64_t H = 0, inner = 0;  // heads, contiguous elements per head block
+  int64_t outer = 1;         // blocks before the head axis (T for [T, H*Dh])
+};
+std::optional<Heads> heads_of(const std::string& site, const Shape& shape, const std::optional<ModelConfig>& cfg) {
+  if (shape.size() == 3 && site.rfind("attn.", 0) == 0) return Heads{shape[0], shape[1] * shape[2], 1};
+  if (shape.size() == 2 && cfg && (site == "attn.q" || site == "attn.k" || site == "attn.v" || site == "attn.ctx" ||
+                                   site == "attn.q_norm" || site == "attn.k_norm")) {
+    const int64_t H = site == "attn.q" || site == "attn.ctx" || site == "attn.q_norm" ? cfg->num_attention_heads
+                                                                                     : cfg->num_key_value_heads;
+    if (H > 0 && shape[1] % H == 0) return Heads{H, shape[1] / H, shape[0]};
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::vector<ErrorSignature> error_signatures(const std::string& name, const TensorSource& cand,
+                                             const TensorSource& ref, const std::optional<ModelConfig>& cfg) {
+  std::vector<ErrorSignature> out;
+  if (!cand.has(name) || !ref.has(name)) return out;
+  const TensorData c = cand.get(name), r = ref.get(name);
+  if (c.is_int || r.is_int || c.shape != r.shape || c.f.empty()) return out;
+  const int64_t n = int64_t(c.f.size());
+  const double err = rmse(c.f.data(), r.f.data(), n);
+  const double scale = std::max(rms(r.f.data(), n), 1e-30);
+  if (err <= kExact * scale) return out;  // nothing to explain
+  const CanonName cn = parse_name(name);
+  auto add = [&](const std::string& kind, const std::string& detail, double left) {
+    ErrorSignature s;
+    s.name = name;
+    s.kind = kind;
+    s.detail = detail;
+    s.fit = left / err;
+    s.decisive = left <= kExact * scale;
+    out.push_back(s);
+  };
+
+  // scale: global, then per head, then per row.
+  const double k = fit_scale(c.f.data(), r.f.data(), n);
+  const double left = rmse(c.f.data(), r.f.data(), n, k);
+  if (left < kFits * err) {
+    const std::string form = recognise(k, cfg);
+    add("scale", "candidate = reference x " + num(k) + (form.empty() ? "" : " = " + form) + " (rmse after " +
+                     num(left) + ", before " + num(err) + ")",
+        left);
+  } else if (std::optional<Heads> h = heads_of(cn.site, c.shape, cfg)) {
+    std::vector<double> ks(size_t(h->H));
+    std::vector<float> pc, pr;
+    double left2 = 0;
+    std::vector<int64_t> wrong_heads;
+    for (int64_t head = 0; head < h->H; ++head) {
+      pc.clear();
+      pr.clear();
+      for (int64_t o = 0; o < h->outer; ++o)
+        for (int64_t i = 0; i < h->inner; ++i) {
+          const int64_t at = (o * h->H + head) * h->inner + i;
+          pc.push_back(c.f[size_t(at)]);
+          pr.push_back(r.f[size_t(at)]);
+        }
+      const int64_t m = int64_t(pc.size());
+      ks[size_t(head)] = fit_scale(pc.data(), pr.data(), m);
+      const double l = rmse(pc.data(), pr.data(), m, ks[size_t(head)]);
+      left2 += l * l * double(m);
+      if (rmse(pc.data(), pr.data(), m) > kExact * std::max(rms(pr.data(), m), 1e-30)) wrong_heads.push_back(head);
+    }
+    left2 = std::sqrt(left2 / double(n));
+    if (!wrong_heads.empty() && int64_t(wrong_heads.size()) < h->H) {
+      std::string list;
+      for (int64_t w : wrong_heads) list += (list.empty() ? "" : ", ") + std::to_string(w);
+      add("partial", std::to_string(wrong_heads.size()) + " of " + std::to_string(h->H) + " heads wrong (" + list +
+                         "), the others match the reference",
+          err);
+    } else if (left2 < kFits * err) {
+      std::string list;
+      for (size_t i = 0; i < ks.size() && i < 8; ++i) list += (i ? ", " : "") + num(ks[i]);
+      add("scale", "per head: candidate = reference x [" + list + (ks.size() > 8 ? ", ..." : "") + "] (rmse after " +
+                       num(left2) + ")",
+          left2);
+    }
+  }
+
+  // Rows: [T, X] tensors (and [H, T, X] per head) by the position axis.
+  const bool rows2 = c.shape.size() == 2, rows3 = c.shape.size() == 3;
+  if (rows2 || rows3) {
+    const int64_t H = rows3 ? c.shape[0] : 1, T = rows3 ? c.shape[1] : c.shape[0], X = c.shape.back();
+    auto at = [&](int64_t h, int64_t t, int64_t x) { return size_t((h * T + t) * X + x); };
+    // partial by rows
+    std::vector<int64_t> wrong_rows;
+    for (int64_t t = 0; t < T; ++t) {
+      double e = 0, s = 0;
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t x = 0; x < X; ++x) {
+          const double d = double(c.f[at(h, t, x)]) - r.f[at(h, t, x)];
+          e += d * d;
+          s += double(r.f[at(h, t, x)]) * r.f[at(h, t, x)];
+        }
+      if (std::sqrt(e) > kExact * std::max(std::sqrt(s), 1e-30)) wrong_rows.push_back(t);
+    }
+    if (!wrong_rows.empty() && int64_t(wrong_rows.size()) < T && out.empty()) {
+      std::string list;
+      for (size_t i = 0; i < wrong_rows.size() && i < 8; ++i) list += (i ? ", " : "") + std::to_string(wrong_rows[i]);
+      add("partial", std::to_string(wrong_rows.size()) + " of " + std::to_string(T) + " rows (positions) wrong (" +
+                         list + (wrong_rows.size() > 8 ? ", ..." : "") + "), the others match",
+          err);
+    }
+    // shift: candidate row t = reference row t + k
+    for (int64_t shift : {1, -1, 2, -2}) {
+      if (T <= std::abs(shift)) continue;
+      double e = 0, s = 0;
+      int64_t m = 0;
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t src = t + shift;
+          if (src < 0 || src >= T) continue;
+          for (int64_t x = 0; x < X; ++x) {
+            const double d = double(c.f[at(h, t, x)]) - r.f[at(h, src, x)];
+            e += d * d;
+            s += double(r.f[at(h, src, x)]) * r.f[at(h, src, x)];
+            ++m;
+          }
+        }
+      if (m > 0 && std::sqrt(e) <= kExact * std::max(std::sqrt(s), 1e-30)) {
+        add("shift", "row t holds the reference's row t" + std::string(shift > 0 ? "+" : "") + std::to_string(shift) +
+                         " (positions offset by " + std::to_string(shift) + ")",
+            0.0);
+        break;
+      }
+    }
+  }
+
+  // alias: equal to another tensor of the reference at this step (and the
+  // layer before, for a layer's input).
+  if (cn.kind == CanonName::Kind::Layer || cn.kind == CanonName::Kind::Step) {
+    for (const std::string& other : ref.names()) {
+      if (other == name) continue;
+      const CanonName o = parse_name(other);
+      if (o.step != cn.step) continue;
+      if (cn.kind == CanonName::Kind::Layer && o.kind == CanonName::Kind::Layer && o.layer != cn.layer &&
+          !(o.layer == cn.layer - 1 && o.site == "out"))
+        continue;
+      if (ref.shape(other) != c.shape) continue;
+      const TensorData t = ref.get(other);
+      if (t.is_int) continue;
+      const double e = rmse(c.f.data(), t.f.data(), n);
+      if (e <= kExact * std::max(rms(t.f.data(), n), 1e-30)) {
+        add("alias", "equals the reference's " + other + " (rmse " + num(e) + "): the op was skipped or its input "
+                     "or a sibling taken instead",
+            0.0);
+        break;
+      }
+    }
+  }
+  std::stable_sort(out.begin(), out.end(), [](const ErrorSignature& a, const ErrorSignature& b) {
+    return a.decisive != b.decisive ? a.decisive : a.fit < b.fit;
+  });
+  return out;
+}
+
+}  // namespace llmdiff::compare

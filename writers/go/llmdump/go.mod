@@ -1,0 +1,3 @@
+module llmdiff/writers/llmdump
+
+go 1.19

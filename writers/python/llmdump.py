@@ -1,0 +1,309 @@
+"""llmdump: write llm-dump/1 files (docs/DUMP_FORMAT.md) from Python/numpy.
+
+Files are byte-identical to llmdiff's own writer (dumps/safetensors.cpp,
+DumpWriter) for the same tensors added in the same order and the same manifest.
+
+    import llmdump
+    with llmdump.DumpWriter("out.safetensors", producer="myengine 1.2", model="llama-gqa",
+                            config=open("config.json").read(), scenario="decode",
+                            dtype="bfloat16", steps=4) as w:
+        w.add(llmdump.step_name(0, "tokens"), np.array(ids, dtype=np.int64))
+        w.add(llmdump.layer_name(0, 3, "attn.q_rope"), llmdump.head_major(q_rot, heads=8))
+        w.add(llmdump.layer_name(0, 3, "attn_norm"), bf16_bits, dtype="BF16")  # uint16 bf16 bits
+    # on leaving the block the file is renamed into place; an exception leaves nothing.
+
+Tensor bytes go to a temporary data file as they are added; finish() writes
+header + data to PATH.tmp.PID.N, fsyncs it and renames it onto PATH. Float
+tensors are stored as F32 (the spec's rule): float16 arrays and bfloat16 bits
+(uint16 with dtype="BF16") are widened exactly; integer arrays are stored as I64.
+"""
+
+import itertools
+import os
+
+import numpy as np
+
+FORMAT = "llm-dump/1"
+__all__ = ["DumpWriter", "DumpError", "step_name", "layer_name", "seq_name", "head_major",
+           "bf16_to_f32", "f16_to_f32", "FORMAT"]
+
+_counter = itertools.count()
+
+
+class DumpError(ValueError):
+    """A rejected call: bad name, duplicate, shape/data mismatch, unsupported dtype."""
+
+
+def step_name(step, site):
+    """"step{step}.{site}"."""
+    return "step%d.%s" % (step, site)
+
+
+def layer_name(step, layer, site):
+    """"step{step}.layers.{layer}.{site}"."""
+    return "step%d.layers.%d.%s" % (step, layer, site)
+
+
+def seq_name(seq, name):
+    """"seq{seq}.{name}" (several-sequence dumps)."""
+    return "seq%d.%s" % (seq, name)
+
+
+def head_major(x, heads=None):
+    """[T, H, Dh] (or [T, H*Dh] with heads=H) -> [H, T, Dh], contiguous."""
+    x = np.asarray(x)
+    if heads is not None:
+        if x.ndim != 2 or x.shape[1] % heads:
+            raise DumpError("head_major: cannot split shape %s into %d heads" % (list(x.shape), heads))
+        x = x.reshape(x.shape[0], heads, x.shape[1] // heads)
+    if x.ndim != 3:
+        raise DumpError("head_major: expected [T, H, Dh], got shape %s" % list(x.shape))
+    return np.ascontiguousarray(x.transpose(1, 0, 2))
+
+
+def bf16_to_f32(bits):
+    """bfloat16 bits (uint16 array) -> float32, exact."""
+    b = np.ascontiguousarray(bits, dtype="<u2").astype("<u4")
+    return (b << 16).view("<f4")
+
+
+def f16_to_f32(x):
+    """IEEE half (float16 array or uint16 bits) -> float32, exact and bit-identical to
+    llmdiff's conversion (NaN payloads kept, no quieting)."""
+    x = np.asarray(x)
+    h = np.ascontiguousarray(x.view("<u2") if x.dtype == np.float16 else x, dtype="<u2").astype("<u4")
+    sign = (h >> 15) << 31
+    exp = (h >> 10) & 0x1F
+    mant = h & 0x3FF
+    out = sign | ((exp + 112) << 23) | (mant << 13)
+    out = np.where(exp == 0x1F, sign | 0x7F800000 | (mant << 13), out)
+    # zero and subnormals: mant * 2^-24 is exact in float32
+    sub = (mant.astype("<f4") * np.float32(2.0 ** -24)).view("<u4") | sign
+    out = np.where(exp == 0, sub, out).astype("<u4")
+    return out.view("<f4")
+
+
+def _utf8(s, what):
+    if not isinstance(s, str):
+        raise DumpError("%s must be a str, got %r" % (what, type(s).__name__))
+    try:
+        return s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise DumpError("%s is not valid UTF-8: %r" % (what, s)) from None
+
+
+_SHORT = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _js(s):
+    """A JSON string as nlohmann::json::dump() writes it (UTF-8, no ASCII escaping)."""
+    out = ['"']
+    for ch in s:
+        e = _SHORT.get(ch)
+        if e is not None:
+            out.append(e)
+        elif ord(ch) < 0x20:
+            out.append("\\u%04x" % ord(ch))
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+def _shape_str(shape):
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+class DumpWriter:
+    """Streaming, atomic writer of one llm-dump/1 file. Use as a context manager or
+    call finish() (abort() drops everything)."""
+
+    def __init__(self, path, producer="", model="", config="", scenario="", dtype="", steps=0, extra=None):
+        self.path = os.fspath(path)
+        meta = {}
+        # Manifest::to_map: extra keys first, the standard keys override them.
+        for k, v in (extra or {}).items():
+            _utf8(k, "metadata key"), _utf8(v, "metadata value of %r" % k)
+            meta[k] = v
+        std = {"format": FORMAT, "producer": producer, "model": model, "config": config,
+               "scenario": scenario, "dtype": dtype}
+        for k, v in std.items():
+            _utf8(v, "manifest %r" % k)
+            meta[k] = v
+        if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)):
+            raise DumpError("manifest 'steps' must be an int, got %r" % (steps,))
+        meta["steps"] = str(int(steps))
+        self._meta = sorted(meta.items(), key=lambda kv: kv[0].encode("utf-8"))
+        self._tensors = []  # (name, stored dtype, shape, begin, end)
+        self._names = set()
+        self._offset = 0
+        self._finished = False
+        self._broken = False
+        stem = "%s.tmp.%d.%d" % (self.path, os.getpid(), next(_counter))
+        self._data_tmp = stem + ".data"
+        self._final_tmp = stem
+        self._data = open(self._data_tmp, "w+b")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.finish()
+        else:
+            self.abort()
+        return False
+
+    def __del__(self):
+        try:
+            if not self._finished:
+                self.abort()
+        except Exception:
+            pass
+
+    def _fail(self, name, what):
+        raise DumpError("llmdump: %s: tensor '%s': %s" % (self.path, name, what))
+
+    def add(self, name, data, dtype=None, shape=None):
+        """Adds one tensor. data: numpy array (or anything np.asarray takes, or bytes with
+        dtype given). dtype: "F32", "F16", "BF16" (data = uint16 bits or raw bytes), "I64",
+        or None to take it from the array (float32, float16, any integer kind). shape:
+        defaults to the array's; given, it must hold exactly as many elements."""
+        if self._finished:
+            raise DumpError("llmdump: %s: tensor '%s' added after finish()" % (self.path, name))
+        if self._broken or self._data is None:
+            raise DumpError("llmdump: %s: tensor '%s' added to an aborted or failed writer" % (self.path, name))
+        if not isinstance(name, str) or not name or name == "__metadata__":
+            self._fail(name, "invalid tensor name")
+        _utf8(name, "tensor name")
+        if name in self._names:
+            self._fail(name, "duplicate tensor name")
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            if dtype is None:
+                self._fail(name, "raw bytes need an explicit dtype")
+            width = {"F32": "<f4", "F16": "<u2", "BF16": "<u2", "I64": "<i8"}.get(dtype)
+            if width is None:
+                self._fail(name, "unsupported dtype %r (F32, F16, BF16, I64)" % (dtype,))
+            raw = bytes(data)
+            if len(raw) % np.dtype(width).itemsize:
+                self._fail(name, "byte count %d is not a multiple of %s's size" % (len(raw), dtype))
+            arr = np.frombuffer(raw, dtype=width)
+        else:
+            arr = np.asarray(data)
+        if dtype is None:
+            if arr.dtype == np.float32:
+                dtype = "F32"
+            elif arr.dtype == np.float16:
+                dtype = "F16"
+            elif arr.dtype.kind in "iu" and arr.dtype != np.uint64:
+                dtype = "I64"
+            elif arr.dtype == np.bool_:
+                dtype = "I64"
+            else:
+                self._fail(name, "unsupported array dtype %s (float32, float16, integers; "
+                                 "bfloat16 as uint16 bits with dtype='BF16'; convert float64 yourself)" % arr.dtype)
+        if dtype not in ("F32", "F16", "BF16", "I64"):
+            self._fail(name, "unsupported dtype %r (F32, F16, BF16, I64)" % (dtype,))
+        if shape is None:
+            shape = arr.shape
+        try:
+            shape = tuple(int(d) for d in shape)
+        except (TypeError, ValueError):
+            self._fail(name, "shape %r is not a sequence of ints" % (shape,))
+        if any(d < 0 for d in shape):
+            self._fail(name, "negative dimension in shape " + _shape_str(shape))
+        count = 1
+        for d in shape:
+            count *= d
+        if arr.size != count:
+            self._fail(name, "data holds %d elements (array shape %s) but shape %s of %s needs %d"
+                       % (arr.size, _shape_str(arr.shape), _shape_str(shape), dtype, count))
+        if dtype == "F32":
+            if arr.dtype != np.float32:
+                if arr.dtype.kind != "f" or arr.dtype.itemsize > 4:
+                    self._fail(name, "dtype F32 needs float32/float16 data, got %s" % arr.dtype)
+            out = np.ascontiguousarray(arr, dtype="<f4")
+            stored = "F32"
+        elif dtype == "F16":
+            if arr.dtype not in (np.float16, np.uint16, np.dtype("<u2")):
+                self._fail(name, "dtype F16 needs float16 data or uint16 bits, got %s" % arr.dtype)
+            out = f16_to_f32(arr.reshape(-1))
+            stored = "F32"
+        elif dtype == "BF16":
+            if arr.dtype != np.uint16:
+                self._fail(name, "dtype BF16 needs uint16 bits (numpy has no bfloat16), got %s" % arr.dtype)
+            out = bf16_to_f32(arr.reshape(-1))
+            stored = "F32"
+        else:
+            if arr.dtype.kind not in "iub" or arr.dtype == np.uint64:
+                self._fail(name, "dtype I64 needs integer data, got %s" % arr.dtype)
+            out = np.ascontiguousarray(arr, dtype="<i8")
+            stored = "I64"
+        raw = out.tobytes()
+        try:
+            self._data.write(raw)
+        except OSError as e:
+            self._broken = True
+            raise OSError("llmdump: %s: write failed for tensor '%s': %s" % (self.path, name, e)) from e
+        self._tensors.append((name, stored, shape, self._offset, self._offset + len(raw)))
+        self._names.add(name)
+        self._offset += len(raw)
+
+    def header(self):
+        """The header text (padded), as llmdiff writes it."""
+        parts = []
+        if self._meta:
+            parts.append('"__metadata__":{' + ",".join(_js(k) + ":" + _js(v) for k, v in self._meta) + "}")
+        for name, stored, shape, b, e in self._tensors:
+            parts.append('%s:{"dtype":"%s","shape":[%s],"data_offsets":[%d,%d]}'
+                         % (_js(name), stored, ",".join(str(d) for d in shape), b, e))
+        text = ("{" + ",".join(parts) + "}").encode("utf-8")
+        return text + b" " * (-len(text) % 8)
+
+    def finish(self):
+        """Writes header + data, fsyncs and renames onto the final path."""
+        if self._finished:
+            return
+        if self._broken or self._data is None:
+            raise DumpError("llmdump: %s: cannot finish an aborted or failed writer" % self.path)
+        text = self.header()
+        try:
+            with open(self._final_tmp, "wb") as out:
+                out.write(len(text).to_bytes(8, "little"))
+                out.write(text)
+                self._data.flush()
+                self._data.seek(0)
+                left = self._offset
+                while left > 0:
+                    chunk = self._data.read(min(left, 1 << 20))
+                    if not chunk:
+                        raise OSError("temporary data file is short")
+                    out.write(chunk)
+                    left -= len(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(self._final_tmp, self.path)
+        except BaseException:
+            _remove(self._final_tmp)
+            raise
+        self._finished = True
+        self._data.close()
+        self._data = None
+        _remove(self._data_tmp)
+
+    close = finish
+
+    def abort(self):
+        """Drops everything written so far; nothing appears at the final path."""
+        if self._data is not None:
+            self._data.close()
+            self._data = None
+        _remove(self._data_tmp)
+        _remove(self._final_tmp)
+
+
+def _remove(p):
+    try:
+        os.remove(p)
+    except FileNotFoundError:
+        pass
