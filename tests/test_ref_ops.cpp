@@ -364,8 +364,9 @@ TEST(RefOps, AttentionPieces) {
         sum += Pr[h][t][s];
         if (s > P + t) {
           EXPECT_EQ(Pr[h][t][s], 0.0);
+        } else {
+          EXPECT_NEAR(Pr[h][t][s], std::exp(Sc[h][t][s]) / denom, 1e-12);
         }
-        else EXPECT_NEAR(Pr[h][t][s], std::exp(Sc[h][t][s]) / denom, 1e-12);
       }
       EXPECT_NEAR(sum, 1.0, 1e-12);
     }
