@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "compare/metrics.h"
+#include "dumps/dtype.h"
 #include "dumps/names.h"
 
 namespace llmdiff::compare {
@@ -97,6 +99,28 @@ std::vector<ErrorSignature> error_signatures(const std::string& name, const Tens
     s.decisive = left <= kExact * scale;
     out.push_back(s);
   };
+
+  // precision: the reference's values rounded to a 16-bit grid (an output
+  // stored or computed at lower precision, not a formula error).
+  for (ComputeDType grid : {ComputeDType::Float16, ComputeDType::BFloat16}) {
+    bool fits = true;
+    for (int64_t i = 0; i < n && fits; ++i) {
+      const float x = c.f[size_t(i)];
+      const float on = grid == ComputeDType::BFloat16 ? bf16_to_f32(f32_to_bf16(x)) : f16_to_f32(f32_to_f16(x));
+      fits = std::isfinite(x) && on == x && ulp_distance(x, r.f[size_t(i)], grid) <= 1;
+    }
+    if (fits) {
+      ErrorSignature p;
+      p.name = name;
+      p.kind = "precision";
+      p.detail = std::string("every value is the reference's rounded to ") + compute_dtype_name(grid) +
+                 " (within one of its ulps): stored or computed at lower precision, not a formula error";
+      p.fit = 0;
+      p.decisive = true;
+      out.push_back(p);
+      return out;
+    }
+  }
 
   // scale: global, then per head, then per row.
   const double k = fit_scale(c.f.data(), r.f.data(), n);

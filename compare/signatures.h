@@ -2,6 +2,7 @@
 // the zoo explains it, each with its numbers. Computed from the candidate's
 // and the reference's values alone (compare/ sees no weights):
 //
+//  - precision: the reference's values rounded to float16 / bfloat16;
 //  - scale:   candidate ~ c x reference, globally, per head or per row;
 //             c recognised against common factors (sqrt(D), sqrt(Dh),
 //             1/sqrt(Dh), Dh, 1/Dh, their MLA forms);
@@ -22,7 +23,7 @@ namespace llmdiff::compare {
 
 struct ErrorSignature {
   std::string name;    // the tensor
-  std::string kind;    // "scale", "partial", "shift", "alias"
+  std::string kind;    // "precision", "scale", "partial", "shift", "alias"
   std::string detail;  // one line with the numbers
   // How well it explains the error: the RMSE left after the explanation
   // over the RMSE before it (0: exactly; the smaller, the better).

@@ -14,6 +14,7 @@ import tempfile
 
 import numpy as np
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import llmdump  # noqa: E402
 
@@ -135,7 +136,7 @@ def test_atomic(work):
     code = ("import sys, os, numpy as np; sys.path.insert(0, %r); import llmdump\n"
             "w = llmdump.DumpWriter(%r); w.add('a', np.ones(10, np.float32)); os.abort()"
             % (os.path.dirname(os.path.abspath(llmdump.__file__)), path))
-    r = subprocess.run([sys.executable, "-c", code])
+    r = subprocess.run([sys.executable, "-B", "-c", code])
     check(r.returncode != 0, "child did not die")
     check(not os.path.exists(path), "killed writer left a file at the final path")
     with open(path, "w") as f:
