@@ -189,17 +189,8 @@ std::vector<Fingerprint> fingerprints(const TensorSource& cand, const TensorSour
       TensorData cl = cand.get(logits), rl = ref.get(logits);
       double k = 0, rel = INFINITY;
       if (cl.shape == rl.shape && !cl.is_int && !rl.is_int) {
-        double num_ = 0, den = 0;
-        for (size_t i = 0; i < cl.f.size(); ++i) {
-          num_ += double(cl.f[i]) * rl.f[i];
-          den += double(rl.f[i]) * rl.f[i];
-        }
-        if (den > 0) {
-          k = num_ / den;
-          std::vector<float> scaled(rl.f.size());
-          for (size_t i = 0; i < rl.f.size(); ++i) scaled[i] = float(k * rl.f[i]);
-          rel = rmse(cl.f.data(), scaled.data(), cl.numel()) / std::max(1e-30, b->metrics.rmse);
-        }
+        k = fit_scale(cl.f.data(), rl.f.data(), cl.numel());
+        if (k != 0) rel = scaled_rmse(cl.f.data(), rl.f.data(), cl.numel(), k) / std::max(1e-30, b->metrics.rmse);
       }
       if (rel * 100 < 1)
         out.push_back({named(zoo::Signature::HeadOnly),
@@ -388,16 +379,9 @@ std::vector<Fingerprint> fingerprints(const TensorSource& cand, const TensorSour
     if (!passing(layer_name(c.step, c.layer, "attn.q_rope"))) break;
     TensorData a = cand.get(n), b = ref.get(n);
     if (a.shape != b.shape) break;
-    double num_ = 0, den = 0;
-    for (size_t i = 0; i < a.f.size(); ++i) {
-      num_ += double(a.f[i]) * b.f[i];
-      den += double(b.f[i]) * b.f[i];
-    }
-    if (den <= 0) break;
-    const double k = num_ / den;
-    std::vector<float> scaled(b.f.size());
-    for (size_t i = 0; i < b.f.size(); ++i) scaled[i] = float(k * b.f[i]);
-    const double e = rmse(a.f.data(), scaled.data(), a.numel()), e1 = rmse(a.f.data(), b.f.data(), a.numel());
+    const double k = fit_scale(a.f.data(), b.f.data(), a.numel());
+    if (k == 0) break;
+    const double e = scaled_rmse(a.f.data(), b.f.data(), a.numel(), k), e1 = rmse(a.f.data(), b.f.data(), a.numel());
     if (e * 100 < e1) {
       // The zoo's softmax-scale scales by 1/Dh instead of the model's own
       // scaling (Dh^-0.5; MLA: (Dn+Dr)^-0.5 x mscale^2): the factor it

@@ -140,23 +140,6 @@ bool is_storage_site(const std::string& site) {
          site == "attn.k_pe_cache";
 }
 
-bool on_grid(float x, ComputeDType grid) {
-  return grid == ComputeDType::BFloat16 ? bf16_to_f32(f32_to_bf16(x)) == x : f16_to_f32(f32_to_f16(x)) == x;
-}
-
-// The 16-bit grid the candidate stored `cf` on, when that explains its
-// difference from the recompute `lf`: every value representable on the grid
-// and at most one of its ulps from the recompute. nullopt: no such grid.
-std::optional<ComputeDType> storage_grid(const std::vector<float>& cf, const std::vector<float>& lf) {
-  for (ComputeDType grid : {ComputeDType::Float16, ComputeDType::BFloat16}) {
-    bool fits = true;
-    for (size_t i = 0; i < cf.size() && fits; ++i)
-      fits = std::isfinite(cf[i]) && on_grid(cf[i], grid) && ulp_distance(cf[i], lf[i], grid) <= 1;
-    if (fits) return grid;
-  }
-  return std::nullopt;
-}
-
 }  // namespace
 
 LocalReport judge_local(const TensorSource& cand, const Recomputed& cand_local, const TensorSource* ref,
@@ -232,7 +215,7 @@ LocalReport judge_local(const TensorSource& cand, const Recomputed& cand_local, 
       // A cache stored at a lower precision is a deliberate rounding, not a
       // wrong copy: it passes, said so.
       if (!s.pass && s.noise.finite && is_storage_site(s.parsed.site)) {
-        if (const std::optional<ComputeDType> grid = storage_grid(cf, lf)) {
+        if (const std::optional<ComputeDType> grid = rounded_grid(cf.data(), lf.data(), int64_t(cf.size()))) {
           s.pass = true;
           s.note = std::string("stored as ") + compute_dtype_name(*grid) +
                    ": every value is the recompute rounded to " + compute_dtype_name(*grid) +

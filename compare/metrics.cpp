@@ -66,6 +66,19 @@ int64_t ulp_distance(float a, float b, ComputeDType grid) {
   return oa > ob ? oa - ob : ob - oa;
 }
 
+std::optional<ComputeDType> rounded_grid(const float* a, const float* b, int64_t n) {
+  for (ComputeDType grid : {ComputeDType::Float16, ComputeDType::BFloat16}) {
+    bool fits = true;
+    for (int64_t i = 0; i < n && fits; ++i) {
+      const float x = a[i];
+      const float on = grid == ComputeDType::BFloat16 ? bf16_to_f32(f32_to_bf16(x)) : f16_to_f32(f32_to_f16(x));
+      fits = std::isfinite(x) && on == x && ulp_distance(x, b[i], grid) <= 1;
+    }
+    if (fits) return grid;
+  }
+  return std::nullopt;
+}
+
 // The scalar definition rounds every product and sum on its own (the
 // allclose bound atol + rtol*|b|, the atol that makes a pair pass); the
 // vectorised loops below keep it so: no multiply-add contraction.

@@ -2,6 +2,7 @@
 // reference and `cand` (a) the candidate; every sum is accumulated in double.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,10 @@ struct FloatMetrics {
 // float32 grid (dumps store float32, so a float64 grid would only scale the
 // float32 distance by 2^29). +0 and -0 are 0 apart. -1 when either is NaN.
 int64_t ulp_distance(float a, float b, ComputeDType grid);
+// The 16-bit grid (float16 tried first, then bfloat16) on which every value
+// of `a` lies within one ulp of `b`'s: `a` is `b` rounded to that dtype.
+// nullopt when neither fits (or a value is not finite).
+std::optional<ComputeDType> rounded_grid(const float* a, const float* b, int64_t n);
 
 FloatMetrics float_metrics(const float* ref, const float* cand, int64_t n, ComputeDType ulp_dtype);
 

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "compare/metrics.h"
+#include "compare/noise_floor.h"
 #include "dumps/dtype.h"
 #include "dumps/names.h"
 
@@ -20,31 +21,6 @@ std::string num(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.4g", v);
   return buf;
-}
-
-double rms(const float* a, int64_t n) {
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += double(a[i]) * a[i];
-  return n > 0 ? std::sqrt(s / double(n)) : 0.0;
-}
-
-double rmse(const float* a, const float* b, int64_t n, double scale_b = 1.0) {
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double d = double(a[i]) - scale_b * double(b[i]);
-    s += d * d;
-  }
-  return n > 0 ? std::sqrt(s / double(n)) : 0.0;
-}
-
-// Least-squares c in a ~ c b.
-double fit_scale(const float* a, const float* b, int64_t n) {
-  double num_ = 0, den = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    num_ += double(a[i]) * b[i];
-    den += double(b[i]) * b[i];
-  }
-  return den > 0 ? num_ / den : 0.0;
 }
 
 // Named forms of a factor: "sqrt(Dh) = 4", ...
@@ -79,6 +55,24 @@ std::optional<Heads> heads_of(const std::string& site, const Shape& shape, const
 
 }  // namespace
 
+double fit_scale(const float* a, const float* b, int64_t n) {
+  double num_ = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    num_ += double(a[i]) * b[i];
+    den += double(b[i]) * b[i];
+  }
+  return den > 0 ? num_ / den : 0.0;
+}
+
+double scaled_rmse(const float* a, const float* b, int64_t n, double k) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = double(a[i]) - k * double(b[i]);
+    s += d * d;
+  }
+  return n > 0 ? std::sqrt(s / double(n)) : 0.0;
+}
+
 std::vector<ErrorSignature> error_signatures(const std::string& name, const TensorSource& cand,
                                              const TensorSource& ref, const std::optional<ModelConfig>& cfg) {
   std::vector<ErrorSignature> out;
@@ -102,29 +96,21 @@ std::vector<ErrorSignature> error_signatures(const std::string& name, const Tens
 
   // precision: the reference's values rounded to a 16-bit grid (an output
   // stored or computed at lower precision, not a formula error).
-  for (ComputeDType grid : {ComputeDType::Float16, ComputeDType::BFloat16}) {
-    bool fits = true;
-    for (int64_t i = 0; i < n && fits; ++i) {
-      const float x = c.f[size_t(i)];
-      const float on = grid == ComputeDType::BFloat16 ? bf16_to_f32(f32_to_bf16(x)) : f16_to_f32(f32_to_f16(x));
-      fits = std::isfinite(x) && on == x && ulp_distance(x, r.f[size_t(i)], grid) <= 1;
-    }
-    if (fits) {
-      ErrorSignature p;
-      p.name = name;
-      p.kind = "precision";
-      p.detail = std::string("every value is the reference's rounded to ") + compute_dtype_name(grid) +
-                 " (within one of its ulps): stored or computed at lower precision, not a formula error";
-      p.fit = 0;
-      p.decisive = true;
-      out.push_back(p);
-      return out;
-    }
+  if (const std::optional<ComputeDType> grid = rounded_grid(c.f.data(), r.f.data(), n)) {
+    ErrorSignature p;
+    p.name = name;
+    p.kind = "precision";
+    p.detail = std::string("every value is the reference's rounded to ") + compute_dtype_name(*grid) +
+               " (within one of its ulps): stored or computed at lower precision, not a formula error";
+    p.fit = 0;
+    p.decisive = true;
+    out.push_back(p);
+    return out;
   }
 
   // scale: global, then per head, then per row.
   const double k = fit_scale(c.f.data(), r.f.data(), n);
-  const double left = rmse(c.f.data(), r.f.data(), n, k);
+  const double left = scaled_rmse(c.f.data(), r.f.data(), n, k);
   if (left < kFits * err) {
     const std::string form = recognise(k, cfg);
     add("scale", "candidate = reference x " + num(k) + (form.empty() ? "" : " = " + form) + " (rmse after " +
@@ -146,7 +132,7 @@ std::vector<ErrorSignature> error_signatures(const std::string& name, const Tens
         }
       const int64_t m = int64_t(pc.size());
       ks[size_t(head)] = fit_scale(pc.data(), pr.data(), m);
-      const double l = rmse(pc.data(), pr.data(), m, ks[size_t(head)]);
+      const double l = scaled_rmse(pc.data(), pr.data(), m, ks[size_t(head)]);
       left2 += l * l * double(m);
       if (rmse(pc.data(), pr.data(), m) > kExact * std::max(rms(pr.data(), m), 1e-30)) wrong_heads.push_back(head);
     }

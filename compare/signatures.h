@@ -31,6 +31,10 @@ struct ErrorSignature {
   bool decisive = false;  // explains the error to float32 rounding
 };
 
+// Least-squares c in a ~ c b (0 when b is all zero), and the RMSE of a - k b.
+double fit_scale(const float* a, const float* b, int64_t n);
+double scaled_rmse(const float* a, const float* b, int64_t n, double k);
+
 // The signatures of `name` (a float tensor both dumps hold with the same
 // shape), best first; empty when none fits. `cfg` (optional) lets scale
 // factors be recognised.

@@ -25,6 +25,10 @@ std::vector<double> grid_without(std::vector<double> v, double config_value) {
   return v;
 }
 
+// Inapplicability of the MoE and MLA bugs to a model without those blocks.
+std::string moe_only(const ModelConfig& c) { return c.moe.enabled() ? "" : "the model has no mixture-of-experts layers"; }
+std::string mla_only(const ModelConfig& c) { return c.mla.enabled ? "" : "the model has no multi-head latent attention"; }
+
 }  // namespace
 
 // The zoo. Grids hold common values of public checkpoints, the bug's
@@ -160,11 +164,8 @@ const std::vector<BugInfo>& all_bugs() {
       b.signature = Signature::HeadOnly;
     }
     // --- mixture of experts
-    auto moe_only = [](const ModelConfig& c) -> std::string {
-      return c.moe.enabled() ? "" : "the model has no mixture-of-experts layers";
-    };
     auto sigmoid_only = [](const ModelConfig& c) -> std::string {
-      if (!c.moe.enabled()) return "the model has no mixture-of-experts layers";
+      if (!c.moe.enabled()) return moe_only(c);
       return c.moe.scoring == MoeConfig::Scoring::Sigmoid ? "" : "the router already scores by softmax";
     };
     auto bias_only = [](const ModelConfig& c) -> std::string {
@@ -180,7 +181,7 @@ const std::vector<BugInfo>& all_bugs() {
       BugInfo& b = add(Bug::MoeTopkNorm, "moe-topk-norm",
                        "renormalises the top-k routing weights when the model does not, or not when it does");
       b.inapplicable = [](const ModelConfig& c) -> std::string {
-        if (!c.moe.enabled()) return "the model has no mixture-of-experts layers";
+        if (!c.moe.enabled()) return moe_only(c);
         return c.moe.top_k > 1 ? "" : "one expert per token: its renormalised weight is the same either way";
       };
       b.change_config = [](ModelConfig& c, double) { c.moe.norm_topk_prob = !c.moe.norm_topk_prob; };
@@ -209,7 +210,7 @@ const std::vector<BugInfo>& all_bugs() {
     {
       BugInfo& b = add(Bug::MoeRoutedScale, "moe-routed-scale", "leaves out routed_scaling_factor from the weights");
       b.inapplicable = [](const ModelConfig& c) -> std::string {
-        if (!c.moe.enabled()) return "the model has no mixture-of-experts layers";
+        if (!c.moe.enabled()) return moe_only(c);
         return c.moe.routed_scaling_factor != 1.0 ? "" : "routed_scaling_factor is 1";
       };
       b.change_config = [](ModelConfig& c, double) { c.moe.routed_scaling_factor = 1.0; };
@@ -228,9 +229,6 @@ const std::vector<BugInfo>& all_bugs() {
       b.fault = &Faults::moe_expert_shift;
     }
     // --- multi-head latent attention
-    auto mla_only = [](const ModelConfig& c) -> std::string {
-      return c.mla.enabled ? "" : "the model has no multi-head latent attention";
-    };
     {
       BugInfo& b = add(Bug::MlaRopeLayout, "mla-rope-layout",
                        "ignores rope_interleave: rotates the rope dims without reordering pairs to halves, or the "
@@ -248,7 +246,7 @@ const std::vector<BugInfo>& all_bugs() {
       BugInfo& b = add(Bug::MlaMscaleMissing, "mla-mscale-missing",
                        "leaves yarn's mscale^2 out of the softmax scaling");
       b.inapplicable = [](const ModelConfig& c) -> std::string {
-        if (!c.mla.enabled) return "the model has no multi-head latent attention";
+        if (!c.mla.enabled) return mla_only(c);
         return c.attn_scaling() != std::pow(double(c.mla.qk_head_dim()), -0.5)
                    ? ""
                    : "the scaling has no mscale (no yarn rope_scaling with mscale_all_dim)";
@@ -260,7 +258,7 @@ const std::vector<BugInfo>& all_bugs() {
                        "takes the keys' nope part from kv_b's value rows (an absorbed engine absorbing the wrong "
                        "half of kv_b)");
       b.inapplicable = [](const ModelConfig& c) -> std::string {
-        if (!c.mla.enabled) return "the model has no multi-head latent attention";
+        if (!c.mla.enabled) return mla_only(c);
         return c.mla.qk_nope_head_dim == c.mla.v_head_dim ? "" : "qk_nope_head_dim != v_head_dim";
       };
       b.fault = &Faults::mla_value_as_key;

@@ -99,6 +99,15 @@ std::vector<float> repeat_kv(const std::vector<float>& c, int64_t S, int64_t Hq,
 struct LayerCache {
   std::vector<float> k, v;
   std::vector<float> latent;
+  // Appends this call's T rows of K [T, k_dim] and V [T, v_dim]: the cache
+  // then holds S rows.
+  void append(const std::vector<float>& k_new, const std::vector<float>& v_new, int64_t S, int64_t T, int64_t k_dim,
+              int64_t v_dim) {
+    k.resize(size_t(S * k_dim));
+    v.resize(size_t(S * v_dim));
+    std::copy(k_new.begin(), k_new.begin() + T * k_dim, k.begin() + (S - T) * k_dim);
+    std::copy(v_new.begin(), v_new.begin() + T * v_dim, v.begin() + (S - T) * v_dim);
+  }
 };
 
 // q_a_layernorm / kv_a_layernorm: DeepseekV3RMSNorm(rank) built without eps,
@@ -316,10 +325,7 @@ std::vector<float> ImplEngine::forward(const std::vector<int64_t>& tokens, int s
       if (c.qk_norm && bug.qk_norm_after_rope) qk_norm();
 
       // Append this call's K (after RoPE) and V to the cache: [S, Hkv*Dh].
-      cache.k.resize(size_t(S * k_dim));
-      cache.v.resize(size_t(S * v_dim));
-      std::copy(k.begin(), k.end(), cache.k.begin() + (S - T) * k_dim);
-      std::copy(v.begin(), v.end(), cache.v.begin() + (S - T) * v_dim);
+      cache.append(k, v, S, T, k_dim, v_dim);
       if (site.wants(l, "attn.k_cache"))
         site.f32(l, "attn.k_cache", {Hkv, S, Dh}, head_major_cache(cache.k, S, Hkv, Dh).data());
       if (site.wants(l, "attn.v_cache"))
@@ -413,10 +419,7 @@ std::vector<float> ImplEngine::forward(const std::vector<int64_t>& tokens, int s
       if (!absorbed_) {
         // Naive: the full keys [S, Hq*(Dn+Dr)] and values [S, Hq*Dv] cached,
         // plain attention with a head of Dn+Dr for q·k and Dv for v.
-        cache.k.resize(size_t(S * k_dim));
-        cache.v.resize(size_t(S * v_dim));
-        std::copy(k.begin(), k.end(), cache.k.begin() + (S - T) * k_dim);
-        std::copy(v.begin(), v.end(), cache.v.begin() + (S - T) * v_dim);
+        cache.append(k, v, S, T, k_dim, v_dim);
         if (site.wants(l, "attn.k_cache"))
           site.f32(l, "attn.k_cache", {Hq, S, Dk}, head_major_cache(cache.k, S, Hq, Dk).data());
         if (site.wants(l, "attn.v_cache"))

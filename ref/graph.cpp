@@ -142,11 +142,11 @@ int64_t argmax_row(const torch::Tensor& row) {
   return argmax_first(std::vector<float>(f.data_ptr<float>(), f.data_ptr<float>() + f.numel()));
 }
 
+}  // namespace
+
 bool is_cache_site(const std::string& site) {
   return site == "attn.k_cache" || site == "attn.v_cache" || site == "attn.latent_cache" || site == "attn.k_pe_cache";
 }
-
-}  // namespace
 
 // ---------------------------------------------------------------------------
 // Graph: the executor

@@ -155,6 +155,10 @@ class Graph {
   std::map<int, std::pair<torch::Tensor, torch::Tensor>> tables_;
 };
 
+// The sites a forward call carries to the next: the KV caches (GQA's k/v,
+// MLA's latent and k_pe too).
+bool is_cache_site(const std::string& site);
+
 // The ref's producer text for a manifest.
 std::string producer(ComputeDType dtype);
 

@@ -14,9 +14,6 @@ namespace llmdiff::ref::ops {
 
 namespace {
 
-// The dtype HF up-casts to for RMSNorm variance, softmax and RoPE tables:
-// float32, or float64 in the truth mode.
-torch::ScalarType upcast(torch::ScalarType t) { return t == torch::kDouble ? torch::kDouble : torch::kFloat; }
 
 // torch 1.13 has no CPU float16 kernels for matmul, SiLU, cos/sin.
 bool is_half(const torch::Tensor& t) { return t.scalar_type() == torch::kHalf; }
@@ -174,6 +171,8 @@ torch::Tensor build_causal_mask(int64_t T, int64_t P, bool sliding_style, int64_
 }
 
 }  // namespace
+
+torch::ScalarType upcast(torch::ScalarType t) { return t == torch::kDouble ? torch::kDouble : torch::kFloat; }
 
 torch::ScalarType torch_dtype(ComputeDType d) {
   switch (d) {

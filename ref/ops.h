@@ -23,6 +23,10 @@ namespace llmdiff::ref::ops {
 
 torch::ScalarType torch_dtype(ComputeDType d);
 
+// The dtype HF up-casts to for RMSNorm variance, softmax, RoPE tables and
+// DeepSeek-V3's router: float32, or float64 in the truth mode.
+torch::ScalarType upcast(torch::ScalarType t);
+
 // LlamaRMSNorm.forward: variance in float32, normalised value cast back to the
 // input dtype before the weight multiply. x [..., N], w [N].
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps);

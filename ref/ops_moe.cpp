@@ -11,11 +11,6 @@
 
 namespace llmdiff::ref::ops {
 
-namespace {
-// float32, or float64 in the truth mode.
-torch::ScalarType upcast(torch::ScalarType t) { return t == torch::kDouble ? torch::kDouble : torch::kFloat; }
-}  // namespace
-
 // apply_rotary_pos_emb_interleave: q.view(b, h, s, d // 2, 2).transpose(4, 3).reshape(b, h, s, d)
 torch::Tensor apply_rope_mla(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                              bool interleave) {

@@ -71,10 +71,8 @@ class RefEngine : public Engine {
     std::vector<std::string> names;
     for (std::string& n : graph_->names(s, s + 1)) {
       const CanonName c = parse_name(n);
-      const bool cache = c.site == "attn.k_cache" || c.site == "attn.v_cache" ||
-                         (cfg_.mla.enabled && (c.site == "attn.latent_cache" || c.site == "attn.k_pe_cache"));
       const bool needed = (c.kind == CanonName::Kind::Step && c.site == "next_logits") ||
-                          (c.kind == CanonName::Kind::Layer && cache);
+                          (c.kind == CanonName::Kind::Layer && is_cache_site(c.site));
       if (needed || obs.wants(n)) names.push_back(std::move(n));
     }
     graph_->run(names, obs, nullptr, /*keep_caches=*/true);
