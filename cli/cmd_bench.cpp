@@ -547,7 +547,7 @@ void setup_bench(CLI::App& app, Action& action) {
   auto opt = std::make_shared<BenchCmdOptions>();
   CLI::App* sub = app.add_subcommand(
       "bench", "Time prefill and decode of the ref and impl engines side by side (speed, peak RSS, bandwidth bound)");
-  sub->add_option("--model", opt->model, "Model directory (config.json + safetensors)")->required();
+  sub->add_option("--model", opt->model, "Model directory (config.json + safetensors) or GGUF file")->required();
   sub->add_option("--prompt", opt->prompt, "Prefill tokens")->capture_default_str();
   sub->add_option("--decode", opt->decode, "Greedy decode steps timed after the prefill")->capture_default_str();
   sub->add_option("--threads", opt->threads, "Threads of the engines and of the bandwidth probe (0: all cores)")

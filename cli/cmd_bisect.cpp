@@ -36,7 +36,7 @@ void setup_bisect(CLI::App& app, Action& action) {
   CLI::App* sub = app.add_subcommand(
       "bisect", "Find where an external dump first diverges from the reference, which op is wrong by itself "
                 "(local errors), and which bug of the zoo explains it");
-  sub->add_option("--model", o->model, "HF model directory (config.json + safetensors) the candidate ran");
+  sub->add_option("--model", o->model, "HF model directory (config.json + safetensors) or GGUF file the candidate ran");
   sub->add_option("candidate", o->candidate, "the candidate's llm-dump/1 file");
   add_bisect_cli_options(*sub, o->bisect);
   sub->callback([o, &action] { action = [o] { return run_bisect(*o); }; });

@@ -56,7 +56,7 @@ void setup_dump(CLI::App& app, Action& action) {
                                              "canonical intermediate to an llm-dump/1 file");
   sub->add_option("--engine", o->engine, "ref (libtorch, HF numerics) or impl (plain C++)")
       ->check(CLI::IsMember({"ref", "impl"}));
-  sub->add_option("--model", o->model, "HF model directory (config.json + safetensors)");
+  sub->add_option("--model", o->model, "HF model directory (config.json + safetensors) or GGUF file");
   add_scenario_options(*sub, o->scenario);
   sub->add_option("--dtype", o->engine_opts.dtype, "ref compute dtype: float32, bfloat16, float16, float64 "
                                                    "(default: the checkpoint's torch_dtype)");

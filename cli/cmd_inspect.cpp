@@ -1,4 +1,4 @@
-// llmdiff inspect PATH: a dump, a safetensors file or a model directory.
+// llmdiff inspect PATH: a dump, a safetensors file, a model directory or a GGUF model.
 // Prints the manifest or config, then one line per tensor in canonical order
 // with its statistics. --json prints the same as JSON.
 #include <fmt/core.h>
@@ -10,6 +10,8 @@
 
 #include "cli/commands.h"
 #include "dumps/dump.h"
+#include "dumps/gguf.h"
+#include "dumps/gguf_model.h"
 #include "dumps/weights.h"
 
 namespace llmdiff::cli {
@@ -112,10 +114,38 @@ nlohmann::ordered_json config_json(const ModelConfig& c) {
   return j;
 }
 
+// A GGUF metadata value for display: scalars as they are, arrays by element
+// type and length (a vocabulary has tens of thousands of entries).
+nlohmann::ordered_json gguf_value_json(const GgufValue& v) {
+  using T = GgufValue::Type;
+  if (v.is_array()) return "array of " + std::to_string(v.array_size());
+  if (v.type == T::String) return v.s;
+  if (v.type == T::Bool) return v.i != 0;
+  if (v.is_float()) return v.f;
+  return v.i;
+}
+
 int run_inspect(const InspectOptions& o) {
   nlohmann::ordered_json out;
   std::vector<TensorStats> rows;
-  if (is_dir(o.path)) {
+  if (is_gguf_file(o.path)) {
+    Model m = Model::load(o.path);  // validates the metadata and every weight
+    const GgufFile& g = *m.weights->gguf();
+    out["kind"] = "gguf-model";
+    out["path"] = o.path;
+    out["config"] = config_json(m.config);
+    out["weight_bytes"] = m.weights->total_bytes();
+    nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+    meta["version"] = g.version();
+    for (const auto& [k, v] : g.metadata()) meta[k] = gguf_value_json(v);
+    out["metadata"] = meta;
+    for (const GgufTensorInfo& t : g.tensors()) {
+      const std::vector<float> values = g.to_f32(t);  // dequantised
+      TensorStats s = tensor_stats(t.name, DType::F32, t.shape(), values.data());
+      s.dtype = ggml_type_name(uint32_t(t.type));
+      rows.push_back(s);
+    }
+  } else if (is_dir(o.path)) {
     Model m = Model::load(o.path);  // validates config and every weight
     out["kind"] = "model";
     out["path"] = o.path;
@@ -148,6 +178,11 @@ int run_inspect(const InspectOptions& o) {
     for (auto it = out["config"].begin(); it != out["config"].end(); ++it)
       fmt::print("  {:<24} {}\n", it.key(), it.value().dump());
     fmt::print("  {:<24} {}\n", "weight_bytes", out["weight_bytes"].dump());
+    if (out.contains("metadata")) {
+      fmt::print("GGUF metadata\n");
+      for (auto it = out["metadata"].begin(); it != out["metadata"].end(); ++it)
+        fmt::print("  {:<40} {}\n", it.key(), it.value().is_string() ? it.value().get<std::string>() : it.value().dump());
+    }
   } else {
     for (auto it = out["metadata"].begin(); it != out["metadata"].end(); ++it) {
       std::string v = it.value().get<std::string>();
@@ -171,8 +206,8 @@ int run_inspect(const InspectOptions& o) {
 void setup_inspect(CLI::App& app, Action& action) {
   auto opt = std::make_shared<InspectOptions>();
   CLI::App* sub = app.add_subcommand("inspect", "Show the manifest/config and per-tensor statistics of a dump, "
-                                                "a safetensors file or a model directory");
-  sub->add_option("path", opt->path, "dump, safetensors file or HF model directory")->required();
+                                                "a safetensors file, a model directory or a GGUF model");
+  sub->add_option("path", opt->path, "dump, safetensors file, HF model directory or GGUF file")->required();
   sub->add_flag("--json", opt->json, "print JSON instead of a table");
   sub->callback([opt, &action] { action = [opt] { return run_inspect(*opt); }; });
 }

@@ -55,7 +55,7 @@ void setup_run(CLI::App& app, Action& action) {
   CLI::App* sub = app.add_subcommand(
       "run", "Run the impl (optionally with zoo bugs) against the ref in one process: first divergence, local "
              "errors and diagnosis");
-  sub->add_option("--model", o->model, "HF model directory (config.json + safetensors)");
+  sub->add_option("--model", o->model, "HF model directory (config.json + safetensors) or GGUF file");
   add_scenario_options(*sub, o->scenario);
   sub->add_option("--inject", o->inject, "switch on a bug of the zoo in the impl (repeatable; see dump --list-bugs)");
   sub->add_option("--max-seq", o->max_seq, "impl KV cache capacity (default: max_position_embeddings)")

@@ -2,6 +2,7 @@
 // shapes (a preset or a given config.json), streamed tensor by tensor.
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -12,6 +13,8 @@
 #include "cli/commands.h"
 #include "synth/synth.h"
 #include "dumps/errors.h"
+#include "dumps/gguf_model.h"
+#include "dumps/weights.h"
 
 namespace llmdiff::cli {
 
@@ -30,6 +33,8 @@ struct SynthCmdOptions {
   bool list = false;            // --list-presets
   bool force = false;           // --force: replace a checkpoint synth did not write
   int layers = 0;               // --layers N: override num_hidden_layers (0: the config's)
+  std::string format = "safetensors";  // --format safetensors|gguf
+  std::string quant;            // --quant TYPE: ggml type of a GGUF's matrices (default: --dtype's)
 };
 
 std::string read_text(const std::string& path) {
@@ -89,8 +94,25 @@ int run_synth(const SynthCmdOptions& o) {
   so.threads = o.threads;
   so.force = o.force;
 
+  if (o.format != "safetensors" && o.format != "gguf")
+    throw UsageError("synth: --format must be safetensors or gguf, not '" + o.format + "'");
+  if (!o.quant.empty() && o.format != "gguf") throw UsageError("synth: --quant needs --format gguf");
+  const bool gguf = o.format == "gguf";
+  // A GGUF is converted from a checkpoint written next to it, then removed.
+  const std::string hf_dir = gguf ? o.out + ".hf-tmp" : o.out;
   const auto t0 = std::chrono::steady_clock::now();
-  const SynthResult r = write_synth_checkpoint(o.out, so);
+  if (gguf) so.force = true;
+  const SynthResult r = write_synth_checkpoint(hf_dir, so);
+  if (gguf) {
+    const GgmlType type = parse_ggml_type(!o.quant.empty() ? o.quant : dtype_name(so.dtype));
+    {
+      const Model m = Model::load(hf_dir);
+      write_gguf(*m.weights, o.out, type);
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(hf_dir, ec);
+    std::printf("%s: GGUF, matrices %s\n", o.out.c_str(), ggml_type_name(uint32_t(type)).c_str());
+  }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const ModelConfig& c = r.config;
   std::printf("%s: %s, %lld layers, hidden %lld, intermediate %lld, heads %lld/%lld x %lld, vocab %lld%s\n",
@@ -125,6 +147,11 @@ void setup_synth(CLI::App& app, Action& action) {
                   "Decoder layers to write instead of the config's (real-size layers of a model too large to write "
                   "whole, e.g. --preset llama-3.1-70b --layers 2)")
       ->check(CLI::PositiveNumber);
+  sub->add_option("--format", opt->format,
+                  "safetensors (an HF directory in --out) or gguf (a GGUF file in --out, llama.cpp's names)")
+      ->capture_default_str();
+  sub->add_option("--quant", opt->quant,
+                  "GGUF only: ggml type of the matrices, e.g. Q4_K, Q8_0, Q6_K (default: --dtype); 1-D weights stay F32");
   sub->add_flag("--list-presets", opt->list, "List the presets and exit");
   sub->add_flag("--force", opt->force, "Replace a checkpoint in --out that synth did not write");
   sub->callback([opt, &action] { action = [opt] { return run_synth(*opt); }; });

@@ -12,6 +12,7 @@ void setup_commands(CLI::App& app, Action& action) {
   setup_bisect(app, action);
   setup_synth(app, action);
   setup_bench(app, action);
+  setup_convert(app, action);
 }
 
 }  // namespace llmdiff::cli

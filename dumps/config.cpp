@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include "dumps/errors.h"
+#include "dumps/gguf_model.h"
 
 namespace llmdiff {
 
@@ -341,6 +342,7 @@ ModelConfig parse_config(const std::string& text, const std::string& src) {
 }
 
 ModelConfig load_config(const std::string& path) {
+  if (is_gguf_file(path)) return gguf_config(GgufFile(path));
   struct stat st {};
   std::string file = path;
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) file = path + "/config.json";

@@ -1,6 +1,7 @@
 #include "dumps/weights.h"
 
 #include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -8,6 +9,8 @@
 #include <sys/stat.h>
 
 #include "dumps/errors.h"
+#include "dumps/gguf.h"
+#include "dumps/gguf_model.h"
 
 namespace llmdiff {
 
@@ -18,11 +21,15 @@ bool file_exists(const std::string& p) {
 }
 }  // namespace
 
+ModelWeights::~ModelWeights() = default;
+
 ModelWeights::ModelWeights(const std::string& model_dir, const ModelConfig& cfg) : cfg_(cfg), dir_(model_dir) {
   const std::string single = model_dir + "/model.safetensors";
   const std::string index = model_dir + "/model.safetensors.index.json";
   std::vector<std::pair<std::string, std::string>> map;  // tensor -> file
-  if (file_exists(single)) {
+  if (is_gguf_file(model_dir)) {
+    gguf_ = std::make_unique<GgufFile>(model_dir);
+  } else if (file_exists(single)) {
     files_.push_back(std::make_unique<SafetensorsFile>(single));
     for (const auto& t : files_[0]->tensors()) name_to_file_.emplace_back(t.name, 0);
   } else if (file_exists(index)) {
@@ -50,7 +57,7 @@ ModelWeights::ModelWeights(const std::string& model_dir, const ModelConfig& cfg)
       name_to_file_.emplace_back(it.key(), pos->second);
     }
   } else {
-    throw IoError(model_dir, "no model.safetensors or model.safetensors.index.json (only safetensors checkpoints are supported)");
+    throw IoError(model_dir, "no model.safetensors or model.safetensors.index.json, and not a GGUF file");
   }
   std::sort(name_to_file_.begin(), name_to_file_.end());
 
@@ -140,6 +147,7 @@ std::vector<const WeightView*> LayerWeights::views() const {
 }
 
 WeightView ModelWeights::find(const std::string& name) const {
+  if (gguf_) return find_gguf(name);
   auto it = std::lower_bound(name_to_file_.begin(), name_to_file_.end(), std::make_pair(name, size_t(0)),
                              [](const auto& a, const auto& b) { return a.first < b.first; });
   if (it == name_to_file_.end() || it->first != name) return {};
@@ -158,10 +166,72 @@ WeightView ModelWeights::find(const std::string& name) const {
   return w;
 }
 
+WeightView ModelWeights::find_gguf(const std::string& name) const {
+  const std::string stored = gguf_tensor_name(name);
+  const GgufTensorInfo* t = stored.empty() ? nullptr : gguf_->find(stored);
+  if (!t) return {};
+  WeightView w;
+  w.name = name;
+  w.stored_name = stored;
+  w.file = gguf_->path();
+  w.shape = t->shape();
+  switch (t->type) {
+    case GgmlType::F32: w.dtype = DType::F32; break;
+    case GgmlType::F16: w.dtype = DType::F16; break;
+    case GgmlType::BF16: w.dtype = DType::BF16; break;
+    default:
+      if (!ggml_type_supported(uint32_t(t->type)) || !ggml_is_quantized(t->type))
+        throw FormatError(gguf_->path(), stored, "unsupported tensor type " + ggml_type_name(uint32_t(t->type)) +
+                                                     " (supported: " + ggml_supported_types() + ")");
+      w.dtype = DType::F32;
+      w.quant = t->type;
+  }
+  w.data = gguf_->data(*t);
+  int64_t heads = 0;
+  if (gguf_rows_permuted(cfg_, name, &heads)) {
+    // llama.cpp stored each head's rotary pairs adjacent: put the rows (a
+    // bias's elements) back in HF's order, once.
+    auto [it, fresh] = owned_.try_emplace(stored);
+    if (fresh) {
+      const bool vec = w.shape.size() == 1;
+      const int64_t n = vec ? w.numel() : w.rows();
+      const size_t width = vec ? dtype_size(w.dtype) : w.row_bytes();
+      if (heads <= 0 || n % heads != 0 || (n / heads) % 2 != 0)
+        throw ShapeError(w.file, stored, "rows a multiple of 2 x " + std::to_string(heads) + " heads", shape_str(w.shape));
+      if (vec && w.quantized()) throw FormatError(w.file, stored, "a quantised bias is not supported");
+      it->second.resize(size_t(n) * width);
+      const auto* src = static_cast<const uint8_t*>(w.data);
+      for (int64_t r = 0; r < n; ++r)
+        std::memcpy(&it->second[size_t(r) * width], src + size_t(gguf_permuted_row(r, n, heads)) * width, width);
+    }
+    w.data = it->second.data();
+    w.owned = true;
+  }
+  return w;
+}
+
+void WeightView::rows_f32(int64_t r0, int64_t n, float* dst) const {
+  const int64_t c = cols();
+  const auto* base = static_cast<const uint8_t*>(data) + size_t(r0) * row_bytes();
+  if (quantized()) {
+    for (int64_t r = 0; r < n; ++r) dequantize_row(quant, base + size_t(r) * row_bytes(), dst + r * c, c);
+  } else {
+    convert_to_f32(base, dtype, size_t(n * c), dst);
+  }
+}
+
+DType ModelWeights::storage_dtype() const { return embed.quantized() ? DType::F32 : embed.dtype; }
+
 WeightView ModelWeights::require(const std::string& name, const Shape& shape) const {
   WeightView w = find(name);
-  if (!w) throw MissingTensorError(files_.size() == 1 ? files_[0]->path() : dir_ + "/model.safetensors.index.json", name);
-  if (w.shape != shape) throw ShapeError(w.file, name, shape_str(shape), shape_str(w.shape));
+  if (!w) {
+    if (gguf_) {
+      const std::string stored = gguf_tensor_name(name);
+      throw MissingTensorError(gguf_->path(), stored.empty() ? name : stored + "' (HF '" + name + "')");
+    }
+    throw MissingTensorError(files_.size() == 1 ? files_[0]->path() : dir_ + "/model.safetensors.index.json", name);
+  }
+  if (w.shape != shape) throw ShapeError(w.file, w.label(), shape_str(shape), shape_str(w.shape));
   if (w.dtype != DType::F32 && w.dtype != DType::BF16 && w.dtype != DType::F16)
     throw FormatError(w.file, name, std::string("unsupported weight dtype ") + dtype_name(w.dtype) + " (supported: F32, BF16, F16)");
   return w;
@@ -176,7 +246,7 @@ size_t ModelWeights::total_bytes() const {
   std::set<const void*> seen;
   size_t total = 0;
   auto add = [&](const WeightView& w) {
-    if (w && seen.insert(w.data).second) total += size_t(w.numel()) * dtype_size(w.dtype);
+    if (w && seen.insert(w.data).second) total += w.bytes();
   };
   add(embed);
   add(final_norm);
@@ -196,12 +266,12 @@ Model Model::load(const std::string& dir) {
 void ModelWeights::release_layer(int layer) const {
   if (layer < 0 || size_t(layer) >= layers.size()) return;
   for (const WeightView* v : layers[size_t(layer)].views())
-    if (*v) release_pages(v->data, v->bytes());
+    if (*v && !v->owned) release_pages(v->data, v->bytes());
 }
 
 void ModelWeights::release_head() const {
   for (const WeightView* v : {&embed, &lm_head, &final_norm})
-    if (*v) release_pages(v->data, v->bytes());
+    if (*v && !v->owned) release_pages(v->data, v->bytes());
 }
 
 void ModelWeights::release_all() const {

@@ -1,27 +1,51 @@
-// HF checkpoint weights: model.safetensors or a sharded
-// model.safetensors.index.json, mmapped, looked up by HF name and checked
-// against the config. Nothing is copied: views point into the maps.
+// Checkpoint weights: an HF model.safetensors or a sharded
+// model.safetensors.index.json, or a GGUF file (llama.cpp's format), mmapped,
+// looked up by HF name and checked against the config. Views point into the
+// maps; the only copies are a GGUF llama's q/k rows, put back in HF's order.
 #pragma once
 #include <array>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "dumps/config.h"
+#include "dumps/ggml_types.h"
 #include "dumps/safetensors.h"
 
 namespace llmdiff {
 
+class GgufFile;
+
 // A weight in place: stored dtype, shape and a pointer into the mmap.
 struct WeightView {
   std::string name;  // HF name
-  std::string file;  // safetensors file it lives in
-  DType dtype = DType::F32;
+  std::string file;  // safetensors or GGUF file it lives in
+  std::string stored_name;  // its name in that file (the GGUF name; = name for safetensors)
+  DType dtype = DType::F32;  // values' type (F32 for ggml block types)
+  // A ggml block type (Q4_K, Q8_0...; see dumps/ggml_types.h): `data` holds
+  // the blocks of each row and `dtype` is F32, the dequantised values' type.
+  GgmlType quant = GgmlType::F32;
   Shape shape;
   const void* data = nullptr;
+  // The bytes are a copy owned by ModelWeights, not pages of a file map:
+  // never handed back with release_pages.
+  bool owned = false;
   explicit operator bool() const { return data != nullptr; }
+  bool quantized() const { return ggml_is_quantized(quant); }
   int64_t numel() const { return llmdiff::numel(shape); }
-  size_t bytes() const { return size_t(numel()) * dtype_size(dtype); }
+  int64_t rows() const { return shape.size() >= 2 ? numel() / shape.back() : 1; }
+  int64_t cols() const { return shape.empty() ? 1 : shape.back(); }
+  // Stored bytes.
+  size_t bytes() const {
+    return quantized() ? size_t(rows()) * ggml_row_bytes(quant, cols()) : size_t(numel()) * dtype_size(dtype);
+  }
+  // Stored bytes of one row (the last dimension).
+  size_t row_bytes() const { return quantized() ? ggml_row_bytes(quant, cols()) : size_t(cols()) * dtype_size(dtype); }
+  // Rows [r0, r0+n) as float32 (dequantised or widened) into dst[n * cols()].
+  void rows_f32(int64_t r0, int64_t n, float* dst) const;
+  // The weight's name for messages: "HF name" or "HF name (GGUF name)".
+  std::string label() const { return stored_name.empty() || stored_name == name ? name : name + " (" + stored_name + ")"; }
 };
 
 // A SwiGLU MLP: down(silu(gate(x)) * up(x)). A dense layer's MLP, a routed
@@ -55,10 +79,14 @@ struct LayerWeights {
 
 class ModelWeights {
  public:
-  // Loads every tensor the config needs; throws MissingTensorError /
-  // ShapeError / FormatError naming the file and tensor. Weights must be
-  // F32, BF16 or F16.
-  ModelWeights(const std::string& model_dir, const ModelConfig& cfg);
+  // Loads every tensor the config needs from a model directory or a GGUF
+  // file; throws MissingTensorError / ShapeError / FormatError naming the
+  // file and tensor. Safetensors weights must be F32, BF16 or F16; GGUF
+  // weights any type of ggml_supported_types().
+  ModelWeights(const std::string& model_dir_or_gguf, const ModelConfig& cfg);
+  ~ModelWeights();
+  ModelWeights(const ModelWeights&) = delete;
+  ModelWeights& operator=(const ModelWeights&) = delete;
 
   const ModelConfig& config() const { return cfg_; }
   const std::string& dir() const { return dir_; }
@@ -67,7 +95,10 @@ class ModelWeights {
   WeightView lm_head;               // [V, D]; == embed when tied
   bool lm_head_tied = false;
   std::vector<LayerWeights> layers;
-  DType storage_dtype() const { return embed.dtype; }
+  // The stored dtype of the weights (F32 for a GGUF model of block types).
+  DType storage_dtype() const;
+  bool is_gguf() const { return gguf_ != nullptr; }
+  const GgufFile* gguf() const { return gguf_.get(); }
   size_t total_bytes() const;       // bytes of distinct weights
   // Any tensor by HF name (nullptr view if absent).
   WeightView find(const std::string& hf_name) const;
@@ -85,17 +116,21 @@ class ModelWeights {
  private:
   WeightView require(const std::string& name, const Shape& shape) const;
   WeightView optional(const std::string& name, const Shape& shape) const;
+  WeightView find_gguf(const std::string& hf_name) const;
   ModelConfig cfg_;
   std::string dir_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::unique_ptr<GgufFile> gguf_;
+  // GGUF llama q/k weights with their rows put back in HF's order, by GGUF name.
+  mutable std::map<std::string, std::vector<uint8_t>> owned_;
   std::vector<std::pair<std::string, size_t>> name_to_file_;  // sorted by name
 };
 
-// A model directory loaded as a whole.
+// A model directory (or GGUF file) loaded as a whole.
 struct Model {
   ModelConfig config;
   std::shared_ptr<ModelWeights> weights;
-  static Model load(const std::string& dir);
+  static Model load(const std::string& dir_or_gguf);
 };
 
 }  // namespace llmdiff

@@ -91,6 +91,18 @@ void convert_span(const typename W::T* src, int64_t n, float* dst) {
   for (; i < n; ++i) dst[i] = W::one(src[i]);
 }
 
+// ggml blocks (GGUF weights): a row at a time, dequantised by ggml's
+// dequantize_row_* into float32, then read as F32W.
+struct QuantW {
+  using T = uint8_t;
+};
+
+const float* dequantized_row(const WMat& m, int64_t row, float* dst) {
+  dequantize_row(m.quant, static_cast<const uint8_t*>(m.data) + size_t(row) * ggml_row_bytes(m.quant, m.cols), dst,
+                 m.cols);
+  return dst;
+}
+
 // Calls f(W{}) with the weight type W of dtype `t`.
 template <class F>
 void with_dtype(DType t, F&& f) {
@@ -101,6 +113,15 @@ void with_dtype(DType t, F&& f) {
     default: break;
   }
   throw UsageError(std::string("impl: unsupported weight dtype ") + dtype_name(t) + " (supported: F32, BF16, F16)");
+}
+
+// Calls f(W{}) with the weight type of m (QuantW for ggml blocks).
+template <class F>
+void with_weight(const WMat& m, F&& f) {
+  if (m.quantized())
+    f(QuantW{});
+  else
+    with_dtype(m.dtype, std::forward<F>(f));
 }
 
 // ------------------------------------------------------------- GEMV
@@ -144,8 +165,12 @@ template <class W>
 void gemv_rows(const WMat& m, const float* x, const float* xe, const float* xo, int64_t r0, int64_t r1, float* y) {
   const auto* w = static_cast<const typename W::T*>(m.data);
   const int64_t K = m.cols;
+  thread_local std::vector<float> row;
   for (int64_t r = r0; r < r1; ++r) {
-    if constexpr (std::is_same<W, BF16W>::value)
+    if constexpr (std::is_same<W, QuantW>::value) {
+      row.resize(size_t(K));
+      y[r] = gemv_row<F32W>(dequantized_row(m, r, row.data()), K, x);
+    } else if constexpr (std::is_same<W, BF16W>::value)
       y[r] = gemv_row_bf16(w + r * K, K, x, xe, xo);
     else
       y[r] = gemv_row<W>(w + r * K, K, x);
@@ -203,6 +228,10 @@ void gemm_tiles(const WMat& m, const float* xt, int64_t ldt, int64_t T, int64_t 
     const float* panel;
     if (std::is_same<W, F32W>::value && rows == kPanelRows) {
       panel = reinterpret_cast<const float*>(w) + o0 * K;  // already float32: read in place
+    } else if constexpr (std::is_same<W, QuantW>::value) {
+      for (int64_t r = 0; r < rows; ++r) dequantized_row(m, o0 + r, buf.data() + r * K);
+      std::fill(buf.begin() + rows * K, buf.end(), 0.0f);
+      panel = buf.data();
     } else {
       for (int64_t r = 0; r < rows; ++r) convert_span<W>(w + (o0 + r) * K, K, buf.data() + r * K);
       std::fill(buf.begin() + rows * K, buf.end(), 0.0f);
@@ -238,6 +267,7 @@ WMat wmat(const WeightView& w) {
   WMat m;
   m.data = w.data;
   m.dtype = w.dtype;
+  m.quant = w.quant;
   if (w.shape.size() == 2) {
     m.rows = w.shape[0];
     m.cols = w.shape[1];
@@ -249,6 +279,12 @@ WMat wmat(const WeightView& w) {
 }
 
 void load_row(const WMat& m, int64_t row, int64_t c0, int64_t n, float* dst) {
+  if (m.quantized()) {
+    thread_local std::vector<float> whole;
+    whole.resize(size_t(m.cols));
+    std::copy_n(dequantized_row(m, row, whole.data()) + c0, n, dst);
+    return;
+  }
   with_dtype(m.dtype, [&](auto tag) {
     using W = decltype(tag);
     convert_span<W>(static_cast<const typename W::T*>(m.data) + row * m.cols + c0, n, dst);
@@ -273,7 +309,7 @@ void matmul(ThreadPool& pool, MatmulScratch& scratch, const float* x, int64_t T,
     }
     for (const MatmulJob& j : jobs) counts.push_back(j.w.rows);
     for_each_job_range(pool, counts, [&](size_t j, int64_t r0, int64_t r1, int) {
-      with_dtype(jobs[j].w.dtype, [&](auto tag) { gemv_rows<decltype(tag)>(jobs[j].w, x, xe, xo, r0, r1, jobs[j].y); });
+      with_weight(jobs[j].w, [&](auto tag) { gemv_rows<decltype(tag)>(jobs[j].w, x, xe, xo, r0, r1, jobs[j].y); });
     });
     return;
   }
@@ -292,7 +328,7 @@ void matmul(ThreadPool& pool, MatmulScratch& scratch, const float* x, int64_t T,
   if (int(scratch.panels.size()) < pool.size()) scratch.panels.resize(size_t(pool.size()));
   for (const MatmulJob& j : jobs) counts.push_back((j.w.rows + kPanelRows - 1) / kPanelRows);
   for_each_job_range(pool, counts, [&](size_t j, int64_t t0, int64_t t1, int worker) {
-    with_dtype(jobs[j].w.dtype, [&](auto tag) {
+    with_weight(jobs[j].w, [&](auto tag) {
       gemm_tiles<decltype(tag)>(jobs[j].w, xt, ldt, T, t0, t1, scratch.panels[size_t(worker)], jobs[j].y);
     });
   });

@@ -1,7 +1,7 @@
 // The impl's numeric kernels: plain C++ loops written so that the compiler
 // vectorises them (GCC vector extensions for the few reductions), weights read
-// in their stored dtype (F32, BF16, F16) and converted on the fly, f32
-// activations and accumulation.
+// in their stored dtype (F32, BF16, F16, or ggml blocks) and converted on the
+// fly, f32 activations and accumulation.
 //
 // Every kernel computes each output element in one piece with a fixed order
 // of operations, whatever the split of the work over threads: results are
@@ -22,6 +22,10 @@ struct WMat {
   const void* data = nullptr;
   DType dtype = DType::F32;
   int64_t rows = 0, cols = 0;
+  // A ggml block type (GGUF weights): rows of blocks, dequantised on the fly
+  // with ggml's dequantize_row_* (dtype is then F32).
+  GgmlType quant = GgmlType::F32;
+  bool quantized() const { return ggml_is_quantized(quant); }
 };
 // A 2-D weight as a WMat; a 1-D one (norm weight, bias) as one row.
 WMat wmat(const WeightView& w);

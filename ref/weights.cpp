@@ -14,6 +14,7 @@ namespace llmdiff::ref {
 namespace {
 
 torch::ScalarType stored_dtype(const WeightView& w) {
+  if (w.quantized()) return torch::kFloat;  // dequantised
   switch (w.dtype) {
     case DType::F32: return torch::kFloat;
     case DType::BF16: return torch::kBFloat16;
@@ -24,11 +25,29 @@ torch::ScalarType stored_dtype(const WeightView& w) {
   }
 }
 
+// Rows [r0, r0+n) of a block-quantised weight, dequantised: [n, cols] float32.
+torch::Tensor dequantized_rows(const WeightView& w, int64_t r0, int64_t n) {
+  const Shape shape = w.shape.size() >= 2 ? Shape{n, w.cols()} : w.shape;
+  torch::Tensor t = torch::empty(shape, torch::TensorOptions().dtype(torch::kFloat));
+  w.rows_f32(r0, n, t.data_ptr<float>());
+  return t;
+}
+
+// The stored tensor: the mapped bytes in place, or a ggml block type
+// dequantised to float32 (ggml's dequantize_row_*).
+torch::Tensor stored_tensor(const WeightView& v) {
+  if (v.quantized()) return dequantized_rows(v, 0, v.rows()).view(v.shape);
+  return torch::from_blob(const_cast<void*>(v.data), v.shape, torch::TensorOptions().dtype(stored_dtype(v)));
+}
+
+// Whether the stored bytes are already a tensor of dtype `st`.
+bool stored_as(const WeightView& v, torch::ScalarType st) { return !v.quantized() && stored_dtype(v) == st; }
+
 }  // namespace
 
 torch::Tensor weight_tensor(const WeightView& w, torch::ScalarType st) {
   if (!w) return {};
-  torch::Tensor t = torch::from_blob(const_cast<void*>(w.data), w.shape, torch::TensorOptions().dtype(stored_dtype(w)));
+  torch::Tensor t = stored_tensor(w);
   return t.scalar_type() == st ? t : t.to(st);
 }
 
@@ -56,11 +75,7 @@ void convert_into(torch::Tensor& dst, const torch::Tensor& from) {
 }
 
 void release(const WeightView& v) {
-  if (v) release_pages(v.data, v.bytes());
-}
-
-torch::Tensor stored_tensor(const WeightView& v) {
-  return torch::from_blob(const_cast<void*>(v.data), v.shape, torch::TensorOptions().dtype(stored_dtype(v)));
+  if (v && !v.owned) release_pages(v.data, v.bytes());
 }
 
 }  // namespace
@@ -87,7 +102,7 @@ torch::Tensor LayerByLayerWeights::weight(const WeightView& v) {
       return e.t;
     }
   torch::NoGradGuard no_grad;
-  const bool in_place = stored_dtype(v) == st_;
+  const bool in_place = stored_as(v, st_);
   const int64_t bytes = v.numel() * int64_t(c10::elementSize(st_));
   // Make room, least recently used first.
   torch::Tensor reuse;
@@ -111,7 +126,10 @@ torch::Tensor LayerByLayerWeights::weight(const WeightView& v) {
     e.t = stored_tensor(v);
   } else {
     e.t = reuse.defined() ? reuse : torch::empty(v.shape, torch::TensorOptions().dtype(st_));
-    convert_into(e.t, stored_tensor(v));
+    if (v.quantized() && st_ == torch::kFloat)
+      v.rows_f32(0, v.rows(), e.t.data_ptr<float>());  // dequantised in place
+    else
+      convert_into(e.t, stored_tensor(v));
     release(v);  // converted: the stored bytes are not needed any more
     ++conversions_;
   }
@@ -122,7 +140,7 @@ torch::Tensor LayerByLayerWeights::weight(const WeightView& v) {
 
 torch::Tensor LayerByLayerWeights::whole(const WeightView& v, torch::Tensor& cache) {
   if (cache.defined()) return cache;
-  if (stored_dtype(v) == st_) return cache = stored_tensor(v);  // in place
+  if (stored_as(v, st_)) return cache = stored_tensor(v);  // in place
   if (v.numel() * int64_t(c10::elementSize(st_)) > whole_limit_) return {};
   cache = weight_tensor(v, st_);
   release(v);
@@ -131,7 +149,16 @@ torch::Tensor LayerByLayerWeights::whole(const WeightView& v, torch::Tensor& cac
 
 torch::Tensor LayerByLayerWeights::embed_rows(const torch::Tensor& ids) {
   torch::NoGradGuard no_grad;
-  if (stored_dtype(w_.embed) == st_) return at::embedding(stored_tensor(w_.embed), ids);  // [T, D], in place
+  if (w_.embed.quantized()) {
+    // Only the rows looked up are dequantised.
+    const torch::Tensor flat = ids.reshape({-1}).to(torch::kLong).contiguous();
+    std::vector<torch::Tensor> rows;
+    for (int64_t i = 0; i < flat.numel(); ++i) rows.push_back(dequantized_rows(w_.embed, flat[i].item<int64_t>(), 1));
+    Shape out = ids.sizes().vec();
+    out.push_back(w_.embed.cols());
+    return torch::cat(rows, 0).view(out).to(st_);  // [T, D]
+  }
+  if (stored_as(w_.embed, st_)) return at::embedding(stored_tensor(w_.embed), ids);  // [T, D], in place
   // Conversion is elementwise: converting the rows looked up is converting
   // the table and looking them up.
   return at::embedding(stored_tensor(w_.embed), ids).to(st_);  // [T, D]
@@ -147,13 +174,12 @@ torch::Tensor LayerByLayerWeights::head(const torch::Tensor& x, bool embed_matri
   // product over D as in one product.
   const int64_t V = v.shape[0], D = v.shape[1];
   const int64_t block = std::max<int64_t>(1, whole_limit_ / (D * int64_t(c10::elementSize(st_))));
-  torch::Tensor stored = stored_tensor(v);
   std::vector<torch::Tensor> parts;
   for (int64_t r = 0; r < V; r += block) {
     const int64_t n = std::min(block, V - r);
-    parts.push_back(ops::linear(x, stored.narrow(0, r, n).to(st_), {}));  // [T, n]
-    const size_t row_bytes = size_t(D) * dtype_size(v.dtype);
-    release_pages(static_cast<const uint8_t*>(v.data) + size_t(r) * row_bytes, size_t(n) * row_bytes);
+    const torch::Tensor rows = v.quantized() ? dequantized_rows(v, r, n) : stored_tensor(v).narrow(0, r, n);
+    parts.push_back(ops::linear(x, rows.to(st_), {}));  // [T, n]
+    if (!v.owned) release_pages(static_cast<const uint8_t*>(v.data) + size_t(r) * v.row_bytes(), size_t(n) * v.row_bytes());
   }
   return torch::cat(parts, -1);  // [T, V]
 }

@@ -1,0 +1,58 @@
+// ggml's tensor types and their block layouts (the data of GGUF files), with
+// dequantisation to float32 and reference quantisation. Plain C++, no
+// dependencies; the layouts follow ggml's definition (ggml-common.h):
+//   Q4_0  {f16 d; u8 qs[16]}                       32 values, x = d*(q-8)
+//   Q4_1  {f16 d, m; u8 qs[16]}                    32 values, x = d*q + m
+//   Q5_0  {f16 d; u8 qh[4]; u8 qs[16]}             32 values, x = d*(q-16)
+//   Q5_1  {f16 d, m; u8 qh[4]; u8 qs[16]}          32 values, x = d*q + m
+//   Q8_0  {f16 d; i8 qs[32]}                       32 values, x = d*q
+//   Q2_K  {u8 scales[16]; u8 qs[64]; f16 d, dmin}  256 values
+//   Q3_K  {u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d}
+//   Q4_K  {f16 d, dmin; u8 scales[12]; u8 qs[128]}
+//   Q5_K  {f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]}
+//   Q6_K  {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace llmdiff {
+
+// The numeric values are ggml's (enum ggml_type) as stored in GGUF files.
+enum class GgmlType : uint32_t {
+  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q8_1 = 9,
+  Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q8_K = 15,
+  I8 = 24, I16 = 25, I32 = 26, I64 = 27, F64 = 28, BF16 = 30,
+};
+
+// "Q4_K", "F16", ...; for a value ggml does not define: "type 99".
+std::string ggml_type_name(uint32_t type);
+// Whether llmdiff can read tensors of this type (dequantize_row works): F32,
+// F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
+bool ggml_type_supported(uint32_t type);
+// The supported types, comma separated, for error messages.
+std::string ggml_supported_types();
+// Values per block and bytes per block (1 and the element size for F32, F16,
+// BF16, I8..F64). 0, 0 for an unknown type.
+int64_t ggml_block_size(GgmlType t);
+size_t ggml_type_size(GgmlType t);
+// Bytes of a row of `n` values; throws llmdiff::Error when n is not a multiple
+// of the block size.
+size_t ggml_row_bytes(GgmlType t, int64_t n);
+bool ggml_is_quantized(GgmlType t);  // a block type (not F32/F16/BF16/I*/F64)
+
+// Dequantises `n` values (a multiple of the block size) from `src` into
+// `dst`, exactly as ggml's dequantize_row_* (float32 arithmetic in the same
+// order, so results are bit-identical). Throws llmdiff::Error for an
+// unsupported type.
+void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n);
+
+// Quantises `n` float32 values into blocks of type `t` (the supported block
+// types and F32/F16/BF16), following ggml's reference quantisers
+// (quantize_row_*_ref): scales chosen the same way, so a model quantised here
+// looks like one from llama.cpp's quantize tool without an importance matrix.
+// `dst` holds ggml_row_bytes(t, n) bytes.
+void quantize_row(GgmlType t, const float* src, void* dst, int64_t n);
+
+}  // namespace llmdiff
