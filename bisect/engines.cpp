@@ -12,6 +12,8 @@ std::unique_ptr<Engine> make_engine(const std::string& which, const Model& model
     if (!opt.inject.empty()) throw UsageError("--inject applies to the impl engine only (the ref is the golden model)");
     if (opt.mla != "naive")
       throw UsageError("--mla " + opt.mla + " applies to the impl engine only (the ref computes HF's naive form)");
+    if (!opt.precision.empty())
+      throw UsageError("--precision applies to the impl engine only (the ref computes HF's numerics)");
     ref::RefOptions r;
     r.dtype = opt.dtype.empty() ? model.config.default_dtype() : parse_compute_dtype(opt.dtype);
     r.threads = opt.threads;
@@ -26,6 +28,7 @@ std::unique_ptr<Engine> make_engine(const std::string& which, const Model& model
     o.max_seq = opt.max_seq;
     o.release_weights = opt.release_weights;
     o.mla = impl::parse_mla_form(opt.mla);
+    o.precision = PrecisionProfile::parse(opt.precision);
     for (const auto& b : opt.inject) o.bugs.push_back(zoo::parse_bug(b));
     return impl::make_impl_engine(model, o);
   }
@@ -45,7 +48,9 @@ Manifest make_manifest(const std::string& producer, const std::string& dtype, co
 }
 
 Manifest make_manifest(const Engine& engine, const Model& model, const std::string& model_dir, const Scenario& sc) {
-  return make_manifest(engine.producer(), engine.dtype_name(), model, model_dir, sc);
+  Manifest m = make_manifest(engine.producer(), engine.dtype_name(), model, model_dir, sc);
+  if (!engine.precision().empty()) m.extra["precision"] = engine.precision().json();
+  return m;
 }
 
 std::string dir_name(const std::string& path) {

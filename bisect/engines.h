@@ -19,6 +19,7 @@ struct EngineOptions {
   std::vector<std::string> inject;   // impl bug zoo
   bool release_weights = false;      // impl: ImplOptions::release_weights
   std::string mla = "naive";         // impl, MLA models: ImplOptions::mla ("naive" or "absorbed")
+  std::string precision;             // impl: a PrecisionProfile::parse() spec ("" = none)
 };
 
 // "ref" or "impl"; throws UsageError otherwise (or for bugs given to the ref).

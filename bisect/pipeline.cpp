@@ -158,7 +158,8 @@ std::string RefRunner::describe() const {
 // ---------------------------------------------------------------------------
 // ImplHypothesisRunner
 
-ImplHypothesisRunner::ImplHypothesisRunner(const Model& model, int threads) : model_(model), threads_(threads) {}
+ImplHypothesisRunner::ImplHypothesisRunner(const Model& model, int threads, PrecisionProfile precision)
+    : model_(model), threads_(threads), precision_(precision) {}
 
 // Every bug of the zoo that applies to the model; a parameterised bug once
 // per value of its grid.
@@ -190,6 +191,7 @@ std::unique_ptr<MemoryDump> ImplHypothesisRunner::run(const compare::Hypothesis&
   impl::ImplOptions o;
   o.threads = threads_;
   o.release_weights = true;  // about one layer of the checkpoint resident, not all of it
+  o.precision = precision_;
   if (!h.bug.empty()) {
     zoo::BugSpec spec = zoo::parse_bug(h.bug);
     spec.value = h.value;
@@ -284,6 +286,7 @@ bool RefLocalOracle::supports(const compare::Hypothesis& h) const {
 
 ModelOracles::ModelOracles(const std::string& model_dir, int threads)
     : dir(model_dir),
+      threads(threads),
       model(Model::load(model_dir)),
       reference(model, model_dir, threads),
       oracle(model, threads),
@@ -298,7 +301,15 @@ compare::BisectResult bisect_candidate(const ModelOracles& m, const TensorSource
     malloc_trim(0);
     if (report) report(what);
   };
-  compare::BisectResult r = compare::bisect(cand, m.reference, &m.oracle, &m.hypotheses, opt);
+  // The candidate's declared roundings: the clean run and the hypothesis
+  // runs make them too.
+  const PrecisionProfile precision = PrecisionProfile::from_manifest(cand.manifest().extra, cand.label());
+  std::optional<ImplHypothesisRunner> with_precision;
+  if (!precision.empty()) with_precision.emplace(m.model, m.threads, precision);
+  const ImplHypothesisRunner& hypotheses = with_precision ? *with_precision : m.hypotheses;
+  compare::BisectResult r = compare::bisect(cand, m.reference, &m.oracle, &hypotheses, opt);
+  if (!precision.empty()) r.notes.push_back("precision profile declared by the candidate: " + precision.str() +
+                                            " (the clean run makes the same roundings)");
   if (r.model.empty()) r.model = dir_name(m.dir);
   return r;
 }
@@ -322,6 +333,31 @@ compare::BisectResult bisect_impl_candidate(const ModelOracles& m, const MemoryD
                                             compare::BisectOptions opt) {
   if (!bugs_injected) opt.clean = std::shared_ptr<const TensorSource>(&cand, [](const TensorSource*) {});
   return bisect_candidate(m, cand, opt);
+}
+
+compare::QuantErrorReport quantisation_report(const ModelOracles& m, const std::string& source,
+                                              const TensorSource& cand) {
+  const Model src = Model::load(source);
+  const ModelConfig &a = src.config, &b = m.model.config;
+  auto same = [&](const char* what, int64_t x, int64_t y) {
+    if (x != y)
+      throw UsageError("--source " + source + " is not the same model as " + m.dir + ": " + what + " " +
+                       std::to_string(x) + " vs " + std::to_string(y));
+  };
+  same("num_hidden_layers", a.num_hidden_layers, b.num_hidden_layers);
+  same("hidden_size", a.hidden_size, b.hidden_size);
+  same("intermediate_size", a.intermediate_size, b.intermediate_size);
+  same("num_attention_heads", a.num_attention_heads, b.num_attention_heads);
+  same("num_key_value_heads", a.num_key_value_heads, b.num_key_value_heads);
+  same("vocab_size", a.vocab_size, b.vocab_size);
+  const Scenario sc = replay_scenario(cand);
+  const std::vector<std::string> wanted = {"step*.layers.*.out", "step*.next_logits"};
+  RefRunner source_ref(src, source, m.threads);
+  const std::unique_ptr<MemoryDump> source_truth = source_ref.run(sc, ComputeDType::Float64, wanted);
+  source_truth->set_label("ref float64 on " + source);
+  const std::unique_ptr<MemoryDump> quant_truth = m.reference.run(sc, ComputeDType::Float64, wanted);
+  quant_truth->set_label("ref float64 on " + m.dir + " (dequantised)");
+  return compare::quantisation_error(*source_truth, *quant_truth, cand);
 }
 
 }  // namespace llmdiff::bisect

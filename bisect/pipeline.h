@@ -15,6 +15,7 @@
 
 #include "bisect/engines.h"
 #include "compare/diagnose.h"
+#include "compare/quant_error.h"
 #include "dumps/engine.h"
 #include "dumps/weights.h"
 
@@ -50,7 +51,9 @@ class RefLocalOracle : public compare::LocalOracle {
 
 class ImplHypothesisRunner : public compare::HypothesisRunner {
  public:
-  ImplHypothesisRunner(const Model& model, int threads);
+  // `precision`: the candidate's declared roundings, applied to every run
+  // (the clean run is then the noise floor's second run with the same design).
+  ImplHypothesisRunner(const Model& model, int threads, PrecisionProfile precision = {});
   std::vector<compare::Hypothesis> hypotheses() const override;
   std::vector<std::pair<std::string, std::string>> inapplicable() const override;
   std::unique_ptr<MemoryDump> run(const compare::Hypothesis& h, const Scenario& sc,
@@ -62,6 +65,7 @@ class ImplHypothesisRunner : public compare::HypothesisRunner {
  private:
   const Model& model_;
   int threads_;
+  PrecisionProfile precision_;
 };
 
 // A model directory loaded with the three runners.
@@ -70,6 +74,7 @@ struct ModelOracles {
   ModelOracles(const ModelOracles&) = delete;
   ModelOracles& operator=(const ModelOracles&) = delete;
   std::string dir;
+  int threads;
   Model model;
   RefRunner reference;
   RefLocalOracle oracle;
@@ -89,5 +94,13 @@ std::unique_ptr<MemoryDump> run_impl_candidate(const ModelOracles& m, const Scen
 // pipeline makes no second one.
 compare::BisectResult bisect_impl_candidate(const ModelOracles& m, const MemoryDump& cand, bool bugs_injected,
                                             compare::BisectOptions opt);
+
+// How much of `cand`'s divergence (a run of m's quantised checkpoint) the
+// quantisation alone explains: the reference in float64 on the
+// full-precision checkpoint `source` (a model directory or GGUF file of the
+// same shapes) and on m's dequantised weights, over the candidate's forward
+// calls (compare/quant_error.h). Throws UsageError when the shapes differ.
+compare::QuantErrorReport quantisation_report(const ModelOracles& m, const std::string& source,
+                                              const TensorSource& cand);
 
 }  // namespace llmdiff::bisect

@@ -7,12 +7,15 @@
 // (teacher forcing) and a diagnosis from the bug zoo.
 #include "cli/commands.h"
 #include "cli/bisect_cli.h"
+#include <iostream>
+
 #include "dumps/errors.h"
 
 namespace llmdiff::cli {
 
 struct BisectCommandOptions {
   std::string model, candidate;
+  std::string source;  // full-precision checkpoint of a quantised --model
   BisectCliOptions bisect;
 };
 
@@ -26,7 +29,13 @@ int run_bisect(const BisectCommandOptions& o) {
   bisect::ModelOracles m(o.model, o.bisect.threads);
   log("model loaded");
   compare::BisectResult r = bisect::bisect_candidate(m, cand, bisect_options(o.bisect, &log));
-  return emit_bisect(r, o.bisect);
+  const int code = emit_bisect(r, o.bisect);
+  if (!o.source.empty()) {
+    const compare::QuantErrorReport q = bisect::quantisation_report(m, o.source, cand);
+    log("quantisation error against --source");
+    (o.bisect.json ? std::cerr : std::cout) << "\n" << compare::render_quant_error(q);
+  }
+  return code;
 }
 
 }  // namespace
@@ -38,6 +47,9 @@ void setup_bisect(CLI::App& app, Action& action) {
                 "(local errors), and which bug of the zoo explains it");
   sub->add_option("--model", o->model, "HF model directory (config.json + safetensors) or GGUF file the candidate ran");
   sub->add_option("candidate", o->candidate, "the candidate's llm-dump/1 file");
+  sub->add_option("--source", o->source,
+                  "the full-precision checkpoint (HF directory or GGUF) a quantised --model was made from: adds a "
+                  "table of how much of the divergence, layer by layer, the quantisation alone explains");
   add_bisect_cli_options(*sub, o->bisect);
   sub->callback([o, &action] { action = [o] { return run_bisect(*o); }; });
 }

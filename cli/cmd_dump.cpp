@@ -69,6 +69,11 @@ void setup_dump(CLI::App& app, Action& action) {
                   "cached, HF's form; default) or absorbed (kv_b_proj folded into q and ctx, only the latent and "
                   "k_pe cached)")
       ->check(CLI::IsMember({"naive", "absorbed"}));
+  sub->add_option("--precision", o->engine_opts.precision,
+                  "impl: roundings made on purpose, KEY=VALUE,...: kv_cache=f16|bf16 (a 16-bit KV cache), "
+                  "matmul_input=f16|bf16|q8_0|q8_k (every matmul input rounded so) or ggml (as llama.cpp's CPU "
+                  "backend: 16-bit inputs for 16-bit weights, 8-bit blocks for quantised ones); written to the "
+                  "manifest (key precision)");
   sub->add_option("--sites", o->sites, "record only names matching these globs, comma separated "
                                        "(e.g. 'step*.layers.*.out,step*.logits')");
   sub->add_option("--out", o->out, "output dump file");

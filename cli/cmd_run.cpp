@@ -14,6 +14,7 @@ struct RunOptions {
   std::string model, out;
   ScenarioCliOptions scenario;
   std::vector<std::string> inject;
+  std::string precision;
   int64_t max_seq = 0;
   BisectCliOptions bisect;
 };
@@ -30,6 +31,7 @@ int run_run(const RunOptions& o) {
   eo.threads = o.bisect.threads;
   eo.max_seq = o.max_seq;
   eo.inject = o.inject;
+  eo.precision = o.precision;
   // --sites: the impl records only those names (unrecorded sites cost nothing);
   // a glob without a step prefix applies to every step, as in the comparison.
   std::vector<std::string> record;
@@ -60,6 +62,11 @@ void setup_run(CLI::App& app, Action& action) {
   sub->add_option("--inject", o->inject, "switch on a bug of the zoo in the impl (repeatable; see dump --list-bugs)");
   sub->add_option("--max-seq", o->max_seq, "impl KV cache capacity (default: max_position_embeddings)")
       ->check(CLI::NonNegativeNumber);
+  sub->add_option("--precision", o->precision,
+                  "roundings the impl makes made on purpose, KEY=VALUE,...: kv_cache=f16|bf16 (a 16-bit KV cache), "
+                  "matmul_input=f16|bf16|q8_0|q8_k (every matmul input rounded so) or ggml (as llama.cpp's CPU "
+                  "backend: 16-bit inputs for 16-bit weights, 8-bit blocks for quantised ones); written to the "
+                  "manifest (key precision)");
   sub->add_option("--out", o->out, "also save the impl's dump (the candidate) to this file");
   add_bisect_cli_options(*sub, o->bisect);
   sub->callback([o, &action] { action = [o] { return run_run(*o); }; });

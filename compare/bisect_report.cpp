@@ -157,6 +157,7 @@ json bisect_to_json(const BisectResult& r) {
             {"diagnosis", nullptr},
             {"notes", r.notes},
             {"declare_dtype", r.declare_dtype ? json(compute_dtype_name(*r.declare_dtype)) : json(nullptr)},
+            {"declare_kv_cache", r.declare_kv_cache ? json(compute_dtype_name(*r.declare_kv_cache)) : json(nullptr)},
             {"layout", r.layout ? json{{"kind", finding_kind_name(r.layout->kind)},
                                        {"rope", r.layout->rope},
                                        {"summary", r.layout->summary}}
@@ -271,6 +272,9 @@ std::string render_bisect_table(const BisectResult& r, const BisectTableOptions&
            (d.description.empty() ? "" : "  the bug: " + d.description + "\n");
     else if (r.declare_dtype)
       o += std::string("precision, not a bug: declare ") + compute_dtype_name(*r.declare_dtype) + "\n";
+    else if (r.declare_kv_cache)
+      o += std::string("precision, not a bug: declare the KV cache as ") + compute_dtype_name(*r.declare_kv_cache) +
+           "\n";
     else if (r.layout)
       o += std::string("the engine's own layout, not a bug (") + finding_kind_name(r.layout->kind) +
            (r.layout->rope.empty() ? "" : ", RoPE pairs " + r.layout->rope) + ")\n";
@@ -375,6 +379,8 @@ std::string render_bisect_markdown(const BisectResult& r) {
     o += "- Bug: " + (d.bug ? "**" + code(d.bug->str()) + "** (evidence: " + d.basis + ")"
                             : r.declare_dtype ? std::string("none: precision, declare ") +
                                                     code(compute_dtype_name(*r.declare_dtype))
+                            : r.declare_kv_cache ? std::string("none: precision, declare the KV cache as ") +
+                                                       code(compute_dtype_name(*r.declare_kv_cache))
                             : r.layout        ? std::string("none: the engine's own layout (") +
                                                     finding_kind_name(r.layout->kind) +
                                                     (r.layout->rope.empty() ? "" : ", " + r.layout->rope) + ")"

@@ -1036,7 +1036,23 @@ BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, 
                         " candidate names have no local recompute (their inputs are not in the dump and cannot be "
                         "derived), e.g. " + missing.front());
   }
-  if (r.declare_dtype) {
+  if (!r.global.ok() && !r.declare_dtype && r.local.ran && !r.local.first_failure)
+    for (const LocalSite& s : r.local.sites)
+      if (s.stored_as) {
+        r.declare_kv_cache = s.stored_as;
+        break;
+      }
+  if (r.declare_kv_cache) {
+    const std::string d = compute_dtype_name(*r.declare_kv_cache);
+    const std::string key = *r.declare_kv_cache == ComputeDType::BFloat16 ? "bf16" : "f16";
+    r.diagnosis.needed = true;
+    r.diagnosis.focus = r.localised_at().value_or("");
+    r.diagnosis.basis = "precision";
+    r.diagnosis.evidence = "no bug: no op fails on its own inputs, and the candidate's KV cache holds every value "
+                           "rounded to " + d + " (a " + d + " cache by design, as llama.cpp's default). Declare it "
+                           "in the dump's manifest, \"precision\": {\"kv_cache\": \"" + key + "\"}, so that "
+                           "the noise floor's second run stores its cache the same way";
+  } else if (r.declare_dtype) {
     const std::string d = compute_dtype_name(*r.declare_dtype);
     r.diagnosis.needed = true;
     r.diagnosis.focus = r.localised_at().value_or("");

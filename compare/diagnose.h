@@ -149,6 +149,10 @@ struct BisectResult {
   // Set when a float32 candidate that diverges is within the noise floor
   // judged at the weights' 16-bit dtype: the dtype to declare.
   std::optional<ComputeDType> declare_dtype;
+  // Set when a candidate that diverges has no local failure and stores its
+  // KV cache rounded to a 16-bit type (llama.cpp's default F16 cache)
+  // without declaring it: the cache type to declare (manifest `precision`).
+  std::optional<ComputeDType> declare_kv_cache;
   // Set when no bug fits and every diverging name matches the reference
   // after one and the same layout transform (an engine's own layout, e.g.
   // llama.cpp's q/k rows permuted for interleaved RoPE): that transform.

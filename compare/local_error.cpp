@@ -217,6 +217,7 @@ LocalReport judge_local(const TensorSource& cand, const Recomputed& cand_local, 
       if (!s.pass && s.noise.finite && is_storage_site(s.parsed.site)) {
         if (const std::optional<ComputeDType> grid = rounded_grid(cf.data(), lf.data(), int64_t(cf.size()))) {
           s.pass = true;
+          s.stored_as = grid;
           s.note = std::string("stored as ") + compute_dtype_name(*grid) +
                    ": every value is the recompute rounded to " + compute_dtype_name(*grid) +
                    " (a lower-precision cache, not a copy error; local " + s.noise.str() + ")";

@@ -92,6 +92,9 @@ struct LocalSite {
   NoiseStats noise;
   bool pass = true;
   std::string note;
+  // A cache site whose every value is the recompute rounded to this 16-bit
+  // type (a lower-precision cache by design).
+  std::optional<ComputeDType> stored_as;
 };
 
 struct LocalReport {

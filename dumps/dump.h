@@ -93,6 +93,7 @@ class MemoryDump : public Observer, public TensorSource {
   void on_i64(const std::string& name, const Shape& shape, const int64_t* data) override;
 
   const std::string& label() const override { return label_; }
+  void set_label(std::string label) { label_ = std::move(label); }
   const Manifest& manifest() const override { return manifest_; }
   std::vector<std::string> names() const override;
   bool has(const std::string& name) const override;

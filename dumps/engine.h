@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "dumps/dump.h"
+#include "dumps/precision.h"
 #include "dumps/observer.h"
 
 namespace llmdiff {
@@ -22,6 +23,8 @@ class Engine {
   virtual std::vector<float> forward(const std::vector<int64_t>& tokens, int step, Observer& obs) = 0;
   virtual std::string producer() const = 0;     // for the manifest
   virtual std::string dtype_name() const = 0;    // compute dtype, spec spelling
+  // The roundings the engine makes on purpose (the manifest's `precision`).
+  virtual PrecisionProfile precision() const { return {}; }
 };
 
 struct Scenario {

@@ -1073,4 +1073,66 @@ void quantize_row(GgmlType t, const float* src, void* dst, int64_t n) {
   throw Error("quantize_row: ggml type " + ggml_type_name(uint32_t(t)) + " is not supported");
 }
 
+GgmlType ggml_vec_dot_type(GgmlType weight) {
+  switch (weight) {
+    case GgmlType::F16: return GgmlType::F16;
+    case GgmlType::BF16: return GgmlType::BF16;
+    case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: return GgmlType::Q8_0;
+    case GgmlType::Q4_1: case GgmlType::Q5_1: return GgmlType::Q8_1;
+    case GgmlType::Q2_K: case GgmlType::Q3_K: case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K:
+      return GgmlType::Q8_K;
+    default: return GgmlType::F32;
+  }
+}
+
+void round_activations(GgmlType act, const float* x, float* y, int64_t n) {
+  switch (act) {
+    case GgmlType::F32:
+      if (y != x) std::memcpy(y, x, size_t(n) * 4);
+      return;
+    case GgmlType::F16:
+      for (int64_t i = 0; i < n; ++i) y[i] = fp16_to_fp32(fp32_to_fp16(x[i]));
+      return;
+    case GgmlType::BF16:
+      for (int64_t i = 0; i < n; ++i) y[i] = bf16_to_f32(f32_to_bf16(x[i]));
+      return;
+    case GgmlType::Q8_0: case GgmlType::Q8_1: {  // quantize_row_q8_0_ref / q8_1_ref
+      if (n % kQK != 0) throw Error("round_activations: " + std::to_string(n) + " values are not whole Q8_0 blocks");
+      for (int64_t b = 0; b < n; b += kQK) {
+        float amax = 0.0f;
+        for (int j = 0; j < kQK; ++j) amax = gmax(amax, std::fabs(x[b + j]));
+        const float d = amax / ((1 << 7) - 1);
+        const float id = d ? 1.0f / d : 0.0f;
+        const float ds = fp16_to_fp32(fp32_to_fp16(d));
+        for (int j = 0; j < kQK; ++j) y[b + j] = ds * float(trunc_to_i8(std::round(x[b + j] * id)));
+      }
+      return;
+    }
+    case GgmlType::Q8_K: {  // quantize_row_q8_K_ref
+      if (n % kQK_K != 0) throw Error("round_activations: " + std::to_string(n) + " values are not whole Q8_K blocks");
+      for (int64_t b = 0; b < n; b += kQK_K) {
+        float max = 0.0f, amax = 0.0f;
+        for (int j = 0; j < kQK_K; ++j) {
+          const float ax = std::fabs(x[b + j]);
+          if (ax > amax) {
+            amax = ax;
+            max = x[b + j];
+          }
+        }
+        if (!amax) {
+          for (int j = 0; j < kQK_K; ++j) y[b + j] = 0.0f;
+          continue;
+        }
+        const float iscale = -127.f / max;
+        const float d = 1 / iscale;
+        for (int j = 0; j < kQK_K; ++j) y[b + j] = d * float(gmin(127, nearest_int(iscale * x[b + j])));
+      }
+      return;
+    }
+    default:
+      throw Error("round_activations: ggml type " + ggml_type_name(uint32_t(act)) +
+                  " is not an activation type (F32, F16, BF16, Q8_0, Q8_1, Q8_K)");
+  }
+}
+
 }  // namespace llmdiff

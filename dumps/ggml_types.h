@@ -55,4 +55,18 @@ void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n);
 // `dst` holds ggml_row_bytes(t, n) bytes.
 void quantize_row(GgmlType t, const float* src, void* dst, int64_t n);
 
+// The type ggml's CPU backend converts a matmul's activations to before the
+// dot products with weights of type `weight` (type_traits_cpu's
+// vec_dot_type): F16 for F16, BF16 for BF16, Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1
+// for Q4_1/Q5_1, Q8_K for the K-quants, F32 for F32.
+GgmlType ggml_vec_dot_type(GgmlType weight);
+
+// `n` activations as the dot product with such weights sees them: rounded to
+// F16/BF16, or quantised to 8 bits in blocks as quantize_row_q8_0_ref /
+// q8_1_ref (32 values, scale amax/127 stored as f16, round half away from
+// zero) and quantize_row_q8_K_ref (256 values, float scale max/-127 of the
+// largest-magnitude value, nearest_int) do, then multiplied back by the
+// scale. F32: copied. n must be a multiple of the block size. y may alias x.
+void round_activations(GgmlType act, const float* x, float* y, int64_t n);
+
 }  // namespace llmdiff

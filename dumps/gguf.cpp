@@ -276,8 +276,9 @@ void read_type_and_size(Reader& r, GgufTensorInfo& t) {
   const int64_t block = ggml_block_size(GgmlType(type));
   if (block == 0) {
     const std::string name = ggml_type_name(type);
-    r.fail(name.rfind("type ", 0) == 0 ? "unknown ggml type " + std::to_string(type)
-                                       : "ggml type " + std::to_string(type) + " (" + name + ") is not supported");
+    r.fail((name.rfind("type ", 0) == 0 ? "unknown ggml type " + std::to_string(type)
+                                        : "ggml type " + std::to_string(type) + " (" + name + ") is not supported") +
+           " (supported: " + ggml_supported_types() + ")");
   }
   t.type = GgmlType(type);
   if (t.ne[0] % block != 0)

@@ -7,6 +7,7 @@
 
 #include "dumps/config.h"
 #include "dumps/engine.h"
+#include "dumps/precision.h"
 #include "dumps/weights.h"
 #include "dumps/bugs.h"
 
@@ -33,6 +34,9 @@ struct ImplOptions {
   // per call (the pages come back from the page cache).
   bool release_weights = false;
   MlaForm mla = MlaForm::Naive;  // MLA models only
+  // Roundings made on purpose (a lower-precision KV cache, rounded or 8-bit
+  // matmul inputs), as a candidate's manifest declares them; empty: none.
+  PrecisionProfile precision;
 };
 
 // Throws UsageError when a bug cannot apply to the model.

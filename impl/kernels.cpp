@@ -402,6 +402,10 @@ float dot(const float* a, const float* b, int64_t n) {
 
 void attention(ThreadPool& pool, std::vector<std::vector<float>>& row_scratch, const AttentionArgs& a) {
   const int64_t T = a.T, S = a.S, Dh = a.Dh, Dv = a.Dv > 0 ? a.Dv : a.Dh;
+  constexpr int64_t kMaxRoundedHead = 1024;  // head widths a rounded q fits in
+  if (a.product_rounding != GgmlType::F32 && Dh > kMaxRoundedHead)
+    throw UsageError("impl attention: rounding q of head width " + std::to_string(Dh) + " (at most " +
+                     std::to_string(kMaxRoundedHead) + ")");
   const int64_t q_stride = a.Hq * Dh, ctx_stride = a.Hq * Dv;
   const int64_t k_stride = a.k_stride > 0 ? a.k_stride : a.Hkv * Dh;
   const int64_t v_stride = a.v_stride > 0 ? a.v_stride : a.Hkv * Dv;
@@ -413,6 +417,11 @@ void attention(ThreadPool& pool, std::vector<std::vector<float>>& row_scratch, c
     for (int64_t unit = b; unit < e; ++unit) {
       const int64_t h = unit / T, t = unit % T;
       const float* q = a.q + t * q_stride + h * Dh;
+      float q_rounded[kMaxRoundedHead];
+      if (a.product_rounding != GgmlType::F32) {
+        round_activations(a.product_rounding, q, q_rounded, Dh);
+        q = q_rounded;
+      }
       const float* k = a.k + int64_t(a.kv_head[h]) * Dh;
       const float* v = a.v + int64_t(a.kv_head[h]) * Dv;
       const float* mask = a.mask + t * S;
@@ -445,6 +454,7 @@ void attention(ThreadPool& pool, std::vector<std::vector<float>>& row_scratch, c
       }
       for (int64_t s = 0; s < S; ++s) row[size_t(s)] /= sum;
       if (probs) std::memcpy(probs, row.data(), size_t(S) * sizeof(float));
+      if (a.product_rounding != GgmlType::F32) round_activations(a.product_rounding, row.data(), row.data(), S);
 
       // ctx = Σ_s p_s · v_s
       float* ctx = a.ctx + t * ctx_stride + h * Dv;

@@ -86,6 +86,10 @@ struct AttentionArgs {
   const float* mask = nullptr;     // [T, S], 1 = may attend
   const int* kv_head = nullptr;    // [Hq]: kv head read by each query head
   float scale = 1.0f;              // applied to q·k after the dot product
+  // The operands of q·k and p·v (q and the probabilities) rounded to this
+  // type first (F16/BF16: an engine multiplying by a 16-bit cache in the
+  // cache's type; F32: not rounded). scores and probs are recorded before.
+  GgmlType product_rounding = GgmlType::F32;
   float* scores = nullptr;         // optional [Hq, T, S]: every q·k*scale, masked or not
   float* probs = nullptr;          // optional [Hq, T, S]: softmax, masked entries 0
   float* ctx = nullptr;            // [T, Hq*Dv]

@@ -100,13 +100,13 @@ struct LayerCache {
   std::vector<float> k, v;
   std::vector<float> latent;
   // Appends this call's T rows of K [T, k_dim] and V [T, v_dim]: the cache
-  // then holds S rows.
+  // then holds S rows, stored as `storage` rounds them (F32: exact).
   void append(const std::vector<float>& k_new, const std::vector<float>& v_new, int64_t S, int64_t T, int64_t k_dim,
-              int64_t v_dim) {
+              int64_t v_dim, GgmlType storage) {
     k.resize(size_t(S * k_dim));
     v.resize(size_t(S * v_dim));
-    std::copy(k_new.begin(), k_new.begin() + T * k_dim, k.begin() + (S - T) * k_dim);
-    std::copy(v_new.begin(), v_new.begin() + T * v_dim, v.begin() + (S - T) * v_dim);
+    round_activations(storage, k_new.data(), k.data() + (S - T) * k_dim, T * k_dim);
+    round_activations(storage, v_new.data(), v.data() + (S - T) * v_dim, T * v_dim);
   }
 };
 
@@ -125,7 +125,8 @@ std::vector<float> columns(const std::vector<float>& rows, int64_t S, int64_t wi
 class ImplEngine final : public Engine {
  public:
   ImplEngine(const Model& model, const ImplOptions& opt)
-      : cfg_(model.config), weights_(model.weights), bugs_(opt.bugs), release_(opt.release_weights),
+      : cfg_(model.config), weights_(model.weights), bugs_(opt.bugs), precision_(opt.precision),
+        release_(opt.release_weights),
         absorbed_(model.config.mla.enabled && opt.mla == MlaForm::Absorbed), pool_(opt.threads) {
     if (!weights_) throw UsageError("impl: model '" + model.config.source + "' has no weights loaded");
     zoo::check_bugs(bugs_, cfg_);
@@ -151,11 +152,13 @@ class ImplEngine final : public Engine {
   std::string producer() const override {
     std::string p = "llmdiff impl (plain C++, float32 activations";
     if (cfg_.mla.enabled) p += std::string(", ") + (absorbed_ ? "absorbed" : "naive") + " MLA";
+    if (!precision_.empty()) p += ", precision " + precision_.str();
     p += ")";
     for (size_t i = 0; i < bugs_.size(); ++i) p += (i == 0 ? " with bugs: " : ", ") + bugs_[i].str();
     return p;
   }
   std::string dtype_name() const override { return "float32"; }
+  PrecisionProfile precision() const override { return precision_; }
 
   std::vector<float> forward(const std::vector<int64_t>& tokens, int step, Observer& obs) override;
 
@@ -163,11 +166,17 @@ class ImplEngine final : public Engine {
   // A SwiGLU MLP on n rows: out [n, D] = down(silu(gate(x)) * up(x)), with
   // gate, up, act [n, F] left in the scratch given (the dense MLP reports them).
   void swiglu(const MlpWeights& m, const float* x, int64_t n, float* gate, float* up, float* act, float* out);
+  // matmul() of kernels.h with the inputs rounded as the precision profile
+  // says for each weight's type (the jobs grouped by that rounding).
+  void mm(const float* x, int64_t T, const std::vector<MatmulJob>& jobs);
+  void mm(const float* x, int64_t T, const WMat& w, float* y) { mm(x, T, std::vector<MatmulJob>{{w, y}}); }
 
   ModelConfig cfg_;  // the model's config with the zoo's config-level bugs applied
   std::shared_ptr<ModelWeights> weights_;
   std::vector<zoo::BugSpec> bugs_;
   zoo::Faults faults_;
+  PrecisionProfile precision_;  // the roundings the engine makes on purpose
+  std::vector<float> rounded_;  // matmul inputs as the profile rounds them
   bool release_ = false;
   bool absorbed_ = false;    // MLA in the absorbed form
   int64_t capacity_ = 0;     // KV cache capacity in tokens
@@ -180,15 +189,44 @@ class ImplEngine final : public Engine {
   int64_t cached_ = 0;  // keys in the cache (P)
 };
 
+// The type a matmul's weights are stored in, as ggml names it.
+GgmlType weight_type(const WMat& w) {
+  if (w.quantized()) return w.quant;
+  return w.dtype == DType::F16 ? GgmlType::F16 : w.dtype == DType::BF16 ? GgmlType::BF16 : GgmlType::F32;
+}
+
+void ImplEngine::mm(const float* x, int64_t T, const std::vector<MatmulJob>& jobs) {
+  if (precision_.empty()) return matmul(pool_, mm_, x, T, jobs);
+  std::vector<bool> done(jobs.size(), false);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (done[i]) continue;
+    const GgmlType r = precision_.input_rounding(weight_type(jobs[i].w));
+    std::vector<MatmulJob> group;
+    for (size_t j = i; j < jobs.size(); ++j)
+      if (!done[j] && precision_.input_rounding(weight_type(jobs[j].w)) == r) {
+        group.push_back(jobs[j]);
+        done[j] = true;
+      }
+    if (r == GgmlType::F32) {
+      matmul(pool_, mm_, x, T, group);
+      continue;
+    }
+    const int64_t K = group[0].w.cols;
+    rounded_.resize(size_t(T * K));
+    for (int64_t t = 0; t < T; ++t) round_activations(r, x + t * K, rounded_.data() + t * K, K);  // [T, K]
+    matmul(pool_, mm_, rounded_.data(), T, group);
+  }
+}
+
 void ImplEngine::swiglu(const MlpWeights& m, const float* x, int64_t n, float* gate, float* up, float* act,
                         float* out) {
   const int64_t F = m.gate.shape[0];
-  matmul(pool_, mm_, x, n, {{wmat(m.gate), gate}, {wmat(m.up), up}});  // [n, F] each
+  mm(x, n, {{wmat(m.gate), gate}, {wmat(m.up), up}});  // [n, F] each
   if (faults_.gate_up_swap)
     silu_mul(pool_, up, gate, n * F, act);  // [n, F]
   else
     silu_mul(pool_, gate, up, n * F, act);  // [n, F]
-  matmul(pool_, mm_, act, n, wmat(m.down), out);  // [n, D]
+  mm(act, n, wmat(m.down), out);  // [n, D]
 }
 
 std::vector<float> ImplEngine::forward(const std::vector<int64_t>& tokens, int step, Observer& obs) {
@@ -299,7 +337,7 @@ std::vector<float> ImplEngine::forward(const std::vector<int64_t>& tokens, int s
 
     if (!mla) {
       // q [T, Hq*Dh], k [T, Hkv*Dh], v [T, Hkv*Dh]
-      matmul(pool_, mm_, xn.data(), T, {{wmat(L.q), q.data()}, {wmat(L.k), k.data()}, {wmat(L.v), v.data()}});
+      mm(xn.data(), T, {{wmat(L.q), q.data()}, {wmat(L.k), k.data()}, {wmat(L.v), v.data()}});
       if (c.qkv_bias) {
         add_bias(wmat(L.q_bias), T, q.data());
         add_bias(wmat(L.k_bias), T, k.data());
@@ -325,7 +363,7 @@ std::vector<float> ImplEngine::forward(const std::vector<int64_t>& tokens, int s
       if (c.qk_norm && bug.qk_norm_after_rope) qk_norm();
 
       // Append this call's K (after RoPE) and V to the cache: [S, Hkv*Dh].
-      cache.append(k, v, S, T, k_dim, v_dim);
+      cache.append(k, v, S, T, k_dim, v_dim, precision_.kv_cache);
       if (site.wants(l, "attn.k_cache"))
         site.f32(l, "attn.k_cache", {Hkv, S, Dh}, head_major_cache(cache.k, S, Hkv, Dh).data());
       if (site.wants(l, "attn.v_cache"))
@@ -338,19 +376,20 @@ std::vector<float> ImplEngine::forward(const std::vector<int64_t>& tokens, int s
       // softmax(q·kᵀ * scale + mask) · v, per (head, query) in parallel.
       att.Hq = Hq, att.Hkv = Hkv, att.Dh = Dh;
       att.q = q.data(), att.k = cache.k.data(), att.v = cache.v.data(), att.kv_head = kv_head_.data();
+      if (precision_.weights) att.product_rounding = precision_.kv_cache;  // ggml multiplies in the cache's type
       att.ctx = ctx.data();
       attention(pool_, attn_rows_, att);
     } else {
       // ---- multi-head latent attention
       // q_a [T, Rq] (without q_lora_rank: q straight from xn) and kv_a [T, Rkv+Dr].
       if (Rq > 0) {
-        matmul(pool_, mm_, xn.data(), T, {{wmat(L.q_a), q_a.data()}, {wmat(L.kv_a), kv_a.data()}});
+        mm(xn.data(), T, {{wmat(L.q_a), q_a.data()}, {wmat(L.kv_a), kv_a.data()}});
         site.f32(l, "attn.q_a", {T, Rq}, q_a.data());
         rms_norm(pool_, q_a.data(), T, Rq, wmat(L.q_a_norm), kMlaNormEps, q_a.data());  // [T, Rq]
         site.f32(l, "attn.q_a_norm", {T, Rq}, q_a.data());
-        matmul(pool_, mm_, q_a.data(), T, wmat(L.q), q.data());  // [T, Hq*(Dn+Dr)]
+        mm(q_a.data(), T, wmat(L.q), q.data());  // [T, Hq*(Dn+Dr)]
       } else {
-        matmul(pool_, mm_, xn.data(), T, {{wmat(L.q), q.data()}, {wmat(L.kv_a), kv_a.data()}});
+        mm(xn.data(), T, {{wmat(L.q), q.data()}, {wmat(L.kv_a), kv_a.data()}});
       }
       site.f32(l, "attn.q", {T, q_dim}, q.data());  // per head: Dn nope, then Dr rope
       site.f32(l, "attn.kv_a", {T, Lw}, kv_a.data());
@@ -364,7 +403,7 @@ std::vector<float> ImplEngine::forward(const std::vector<int64_t>& tokens, int s
       rms_norm(pool_, latent.data(), T, Rkv, wmat(L.kv_a_norm), kMlaNormEps, latent.data());  // [T, Rkv]
       site.f32(l, "attn.kv_a_norm", {T, Rkv}, latent.data());
       if (!absorbed_) {
-        matmul(pool_, mm_, latent.data(), T, wmat(L.kv_b), kv.data());  // [T, Hq*(Dn+Dv)]
+        mm(latent.data(), T, wmat(L.kv_b), kv.data());  // [T, Hq*(Dn+Dv)]
         site.f32(l, "attn.kv", {T, Hq * (Dn + Dv)}, kv.data());          // per head: Dn key, then Dv value
       }
 
@@ -419,13 +458,14 @@ std::vector<float> ImplEngine::forward(const std::vector<int64_t>& tokens, int s
       if (!absorbed_) {
         // Naive: the full keys [S, Hq*(Dn+Dr)] and values [S, Hq*Dv] cached,
         // plain attention with a head of Dn+Dr for q·k and Dv for v.
-        cache.append(k, v, S, T, k_dim, v_dim);
+        cache.append(k, v, S, T, k_dim, v_dim, precision_.kv_cache);
         if (site.wants(l, "attn.k_cache"))
           site.f32(l, "attn.k_cache", {Hq, S, Dk}, head_major_cache(cache.k, S, Hq, Dk).data());
         if (site.wants(l, "attn.v_cache"))
           site.f32(l, "attn.v_cache", {Hq, S, Dv}, head_major_cache(cache.v, S, Hq, Dv).data());
         att.Hq = Hq, att.Hkv = Hkv, att.Dh = Dk, att.Dv = Dv;
         att.q = q.data(), att.k = cache.k.data(), att.v = cache.v.data(), att.kv_head = kv_head_.data();
+      if (precision_.weights) att.product_rounding = precision_.kv_cache;  // ggml multiplies in the cache's type
         att.ctx = ctx.data();
         attention(pool_, attn_rows_, att);
       } else {
@@ -460,7 +500,7 @@ std::vector<float> ImplEngine::forward(const std::vector<int64_t>& tokens, int s
     if (!probs.empty()) site.f32(l, "attn.probs", {Hq, T, S}, probs.data());
     site.f32(l, "attn.ctx", {T, ctx_dim}, ctx.data());
 
-    matmul(pool_, mm_, ctx.data(), T, wmat(L.o), proj.data());  // [T, D]
+    mm(ctx.data(), T, wmat(L.o), proj.data());  // [T, D]
     if (c.o_bias) add_bias(wmat(L.o_bias), T, proj.data());
     site.f32(l, "attn.out", {T, D}, proj.data());
     add(x.data(), proj.data(), T * D, x.data());  // [T, D]
@@ -479,7 +519,7 @@ std::vector<float> ImplEngine::forward(const std::vector<int64_t>& tokens, int s
     } else {
       // ---- mixture of experts: the router picks K of E experts per token
       const MoeConfig& moe = c.moe;
-      matmul(pool_, mm_, xn.data(), T, wmat(L.router), router_logits.data());  // [T, E]
+      mm(xn.data(), T, wmat(L.router), router_logits.data());  // [T, E]
       site.f32(l, "moe.router_logits", {T, E}, router_logits.data());
       // (moe-softmax-routing: softmax whatever the model's scoring.)
       const bool sigmoid = moe.scoring == MoeConfig::Scoring::Sigmoid && !bug.moe_softmax_scoring;
@@ -547,7 +587,7 @@ std::vector<float> ImplEngine::forward(const std::vector<int64_t>& tokens, int s
         swiglu(L.shared, xn.data(), T, gate.data(), up.data(), act.data(), shared.data());  // [T, D]
         if (L.shared_gate) {
           std::vector<float> g(static_cast<size_t>(T));  // [T, 1]
-          matmul(pool_, mm_, xn.data(), T, wmat(L.shared_gate), g.data());
+          mm(xn.data(), T, wmat(L.shared_gate), g.data());
           for (int64_t t = 0; t < T; ++t) {
             const float sg = 1.0f / (1.0f + std::exp(-g[size_t(t)]));
             for (int64_t d = 0; d < D; ++d) shared[size_t(t * D + d)] *= sg;
@@ -575,10 +615,10 @@ std::vector<float> ImplEngine::forward(const std::vector<int64_t>& tokens, int s
   // the full logits [T, V] are dumped, so observing never changes results.
   const WMat head = wmat(bug.lm_head_embed ? w.embed : w.lm_head);
   std::vector<float> next(static_cast<size_t>(V));
-  matmul(pool_, mm_, last_hidden, 1, head, next.data());  // [V]
+  mm(last_hidden, 1, head, next.data());  // [V]
   if (site.wants("logits")) {
     std::vector<float> logits(size_t(T * V));  // [T, V]
-    matmul(pool_, mm_, xn.data(), T, head, logits.data());
+    mm(xn.data(), T, head, logits.data());
     std::copy(next.begin(), next.end(), logits.begin() + last * V);
     site.f32("logits", {T, V}, logits.data());
   }
