@@ -24,6 +24,7 @@
 #include "dumps/dump.h"
 #include "dumps/engine.h"
 #include "dumps/errors.h"
+#include "dumps/gguf.h"
 #include "dumps/bugs.h"
 #include "dumps/threads.h"
 #include "dumps/weights.h"
@@ -68,6 +69,7 @@ std::vector<int64_t> bench_prompt(int64_t vocab, int n, uint64_t seed) {
 struct ModelFacts {
   ModelConfig config;
   DType storage = DType::F32;
+  std::string storage_label;       // "BF16", or a GGUF file's types ("GGUF Q4_K x37, F32 x9")
   uint64_t weight_bytes = 0;       // distinct weights as stored
   uint64_t params = 0;             // distinct weight elements
   uint64_t decode_params = 0;      // weight elements one decode token reads (one embedding row)
@@ -81,6 +83,14 @@ ModelFacts model_facts(const std::string& dir, int prompt) {
   ModelFacts f;
   f.config = c;
   f.storage = w.storage_dtype();
+  f.storage_label = dtype_name(f.storage);
+  if (w.is_gguf()) {
+    std::map<std::string, int> types;
+    for (const GgufTensorInfo& t : w.gguf()->tensors()) ++types[ggml_type_name(uint32_t(t.type))];
+    f.storage_label = "GGUF";
+    for (const auto& [name, n] : types)
+      f.storage_label += (f.storage_label == "GGUF" ? " " : ", ") + name + " x" + std::to_string(n);
+  }
   f.weight_bytes = w.total_bytes();
   // Weight elements a token multiplies with: every projection, but of a MoE
   // layer only the router, K experts and the shared expert.
@@ -503,6 +513,7 @@ int run_bench(const BenchCmdOptions& o) {
               {"intermediate_size", c.intermediate_size},
               {"vocab_size", c.vocab_size},
               {"storage_dtype", dtype_name(facts.storage)},
+              {"storage", facts.storage_label},
               {"parameters", facts.params},
               {"weight_bytes", facts.weight_bytes},
               {"prompt", o.prompt},
@@ -522,7 +533,7 @@ int run_bench(const BenchCmdOptions& o) {
               (long long)c.intermediate_size, (long long)c.num_attention_heads, (long long)c.num_key_value_heads,
               (long long)c.vocab_size, c.tie_word_embeddings ? ", tied" : "");
   std::printf("weights: %.3f B parameters, %.2f GB %s\n", double(facts.params) * 1e-9, double(facts.weight_bytes) * 1e-9,
-              dtype_name(facts.storage));
+              facts.storage_label.c_str());
   if (!rows.empty())
     std::printf("run: prompt %d tokens, decode %d tokens, %d repeat%s, %d thread%s\n", o.prompt, o.decode,
                 o.repeats, o.repeats == 1 ? "" : "s", bw.threads, bw.threads == 1 ? "" : "s");

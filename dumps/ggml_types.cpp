@@ -993,6 +993,34 @@ bool ggml_is_quantized(GgmlType t) {
   }
 }
 
+namespace {
+
+// Calls f(BlockTag<B, N>{}) with the block struct of a block type; false for
+// a type without blocks.
+template <class B, int N>
+struct BlockTag {
+  using Block = B;
+  static constexpr int kValues = N;
+};
+template <class F>
+bool with_block(GgmlType t, F&& f) {
+  switch (t) {
+    case GgmlType::Q4_0: f(BlockTag<BlockQ4_0, kQK>{}); return true;
+    case GgmlType::Q4_1: f(BlockTag<BlockQ4_1, kQK>{}); return true;
+    case GgmlType::Q5_0: f(BlockTag<BlockQ5_0, kQK>{}); return true;
+    case GgmlType::Q5_1: f(BlockTag<BlockQ5_1, kQK>{}); return true;
+    case GgmlType::Q8_0: f(BlockTag<BlockQ8_0, kQK>{}); return true;
+    case GgmlType::Q2_K: f(BlockTag<BlockQ2_K, kQK_K>{}); return true;
+    case GgmlType::Q3_K: f(BlockTag<BlockQ3_K, kQK_K>{}); return true;
+    case GgmlType::Q4_K: f(BlockTag<BlockQ4_K, kQK_K>{}); return true;
+    case GgmlType::Q5_K: f(BlockTag<BlockQ5_K, kQK_K>{}); return true;
+    case GgmlType::Q6_K: f(BlockTag<BlockQ6_K, kQK_K>{}); return true;
+    default: return false;
+  }
+}
+
+}  // namespace
+
 void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n) {
   if (!ggml_type_supported(uint32_t(t)))
     throw Error("dequantize_row: ggml type " + ggml_type_name(uint32_t(t)) + " is not supported (supported: " +
@@ -1018,17 +1046,12 @@ void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n) {
         dst[i] = bf16_to_f32(h);
       }
       return;
-    case GgmlType::Q4_0: return dequant_blocks<BlockQ4_0, kQK>(src, dst, n);
-    case GgmlType::Q4_1: return dequant_blocks<BlockQ4_1, kQK>(src, dst, n);
-    case GgmlType::Q5_0: return dequant_blocks<BlockQ5_0, kQK>(src, dst, n);
-    case GgmlType::Q5_1: return dequant_blocks<BlockQ5_1, kQK>(src, dst, n);
-    case GgmlType::Q8_0: return dequant_blocks<BlockQ8_0, kQK>(src, dst, n);
-    case GgmlType::Q2_K: return dequant_blocks<BlockQ2_K, kQK_K>(src, dst, n);
-    case GgmlType::Q3_K: return dequant_blocks<BlockQ3_K, kQK_K>(src, dst, n);
-    case GgmlType::Q4_K: return dequant_blocks<BlockQ4_K, kQK_K>(src, dst, n);
-    case GgmlType::Q5_K: return dequant_blocks<BlockQ5_K, kQK_K>(src, dst, n);
-    case GgmlType::Q6_K: return dequant_blocks<BlockQ6_K, kQK_K>(src, dst, n);
     default:
+      if (with_block(t, [&](auto tag) {
+            using Tag = decltype(tag);
+            dequant_blocks<typename Tag::Block, Tag::kValues>(src, dst, n);
+          }))
+        return;
       break;
   }
   throw Error("dequantize_row: ggml type " + ggml_type_name(uint32_t(t)) + " is not supported");
@@ -1057,17 +1080,12 @@ void quantize_row(GgmlType t, const float* src, void* dst, int64_t n) {
         std::memcpy(p + 2 * i, &h, 2);
       }
       return;
-    case GgmlType::Q4_0: return quant_blocks<BlockQ4_0, kQK>(src, dst, n);
-    case GgmlType::Q4_1: return quant_blocks<BlockQ4_1, kQK>(src, dst, n);
-    case GgmlType::Q5_0: return quant_blocks<BlockQ5_0, kQK>(src, dst, n);
-    case GgmlType::Q5_1: return quant_blocks<BlockQ5_1, kQK>(src, dst, n);
-    case GgmlType::Q8_0: return quant_blocks<BlockQ8_0, kQK>(src, dst, n);
-    case GgmlType::Q2_K: return quant_blocks<BlockQ2_K, kQK_K>(src, dst, n);
-    case GgmlType::Q3_K: return quant_blocks<BlockQ3_K, kQK_K>(src, dst, n);
-    case GgmlType::Q4_K: return quant_blocks<BlockQ4_K, kQK_K>(src, dst, n);
-    case GgmlType::Q5_K: return quant_blocks<BlockQ5_K, kQK_K>(src, dst, n);
-    case GgmlType::Q6_K: return quant_blocks<BlockQ6_K, kQK_K>(src, dst, n);
     default:
+      if (with_block(t, [&](auto tag) {
+            using Tag = decltype(tag);
+            quant_blocks<typename Tag::Block, Tag::kValues>(src, dst, n);
+          }))
+        return;
       break;
   }
   throw Error("quantize_row: ggml type " + ggml_type_name(uint32_t(t)) + " is not supported");

@@ -11,10 +11,13 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <set>
+#include <thread>
 #include <utility>
 
 #include "dumps/errors.h"
+#include "dumps/threads.h"
 #include "dumps/files.h"
 
 namespace llmdiff {
@@ -661,7 +664,24 @@ void GgufWriter::add_tensor_f32(const std::string& name, GgmlType type, const Sh
   if (__builtin_mul_overflow(ggml_row_bytes(type, ne[0]), size_t(count / ne[0]), &bytes))
     throw FormatError(impl_->path, shown, "shape " + shape_str(shape) + " overflows");
   std::vector<uint8_t> buf(bytes);
-  quantize_row(type, data, buf.data(), count);
+  // Rows quantised independently: split over the cores (the same bytes).
+  const int64_t rows = count / ne[0];
+  const size_t row_bytes = ggml_row_bytes(type, ne[0]);
+  const int64_t workers = std::min<int64_t>(resolve_threads(0), std::max<int64_t>(1, count / (1 << 16)));
+  std::vector<std::thread> pool;
+  std::vector<std::exception_ptr> failed(static_cast<size_t>(workers));
+  for (int64_t k = 0; k < workers; ++k)
+    pool.emplace_back([&, k] {
+      const int64_t r0 = rows * k / workers, r1 = rows * (k + 1) / workers;
+      try {
+        if (r1 > r0) quantize_row(type, data + r0 * ne[0], buf.data() + size_t(r0) * row_bytes, (r1 - r0) * ne[0]);
+      } catch (...) {
+        failed[size_t(k)] = std::current_exception();
+      }
+    });
+  for (std::thread& t : pool) t.join();
+  for (const std::exception_ptr& e : failed)
+    if (e) std::rethrow_exception(e);
   add_tensor(name, type, ne, buf.data(), bytes);
 }
 

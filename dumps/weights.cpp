@@ -188,9 +188,14 @@ WeightView ModelWeights::find_gguf(const std::string& name) const {
   }
   w.data = gguf_->data(*t);
   int64_t heads = 0;
-  if (gguf_rows_permuted(cfg_, name, &heads)) {
-    // llama.cpp stored each head's rotary pairs adjacent: put the rows (a
-    // bias's elements) back in HF's order, once.
+  if (gguf_rows_permuted(cfg_, name, &heads) && w.shape.size() == 2) {
+    // llama.cpp stored each head's rotary pairs adjacent: the rows are read
+    // through the permutation, in place.
+    if (heads <= 0 || w.rows() % heads != 0 || (w.rows() / heads) % 2 != 0)
+      throw ShapeError(w.file, stored, "rows a multiple of 2 x " + std::to_string(heads) + " heads", shape_str(w.shape));
+    w.interleaved_heads = heads;
+  } else if (gguf_rows_permuted(cfg_, name, &heads)) {
+    // A bias's elements, put back in HF's order once (a copy of one row).
     auto [it, fresh] = owned_.try_emplace(stored);
     if (fresh) {
       const bool vec = w.shape.size() == 1;
@@ -210,8 +215,20 @@ WeightView ModelWeights::find_gguf(const std::string& name) const {
   return w;
 }
 
+int64_t WeightView::stored_row(int64_t r) const {
+  return interleaved_heads > 0 ? gguf_permuted_row(r, rows(), interleaved_heads) : r;
+}
+
 void WeightView::rows_f32(int64_t r0, int64_t n, float* dst) const {
   const int64_t c = cols();
+  if (interleaved_heads > 0) {
+    for (int64_t r = 0; r < n; ++r) {
+      WeightView one = *this;
+      one.interleaved_heads = 0;
+      one.rows_f32(stored_row(r0 + r), 1, dst + r * c);
+    }
+    return;
+  }
   const auto* base = static_cast<const uint8_t*>(data) + size_t(r0) * row_bytes();
   if (quantized()) {
     for (int64_t r = 0; r < n; ++r) dequantize_row(quant, base + size_t(r) * row_bytes(), dst + r * c, c);

@@ -31,6 +31,11 @@ struct WeightView {
   // The bytes are a copy owned by ModelWeights, not pages of a file map:
   // never handed back with release_pages.
   bool owned = false;
+  // GGUF llama q/k weights hold each head's rotary pairs interleaved
+  // (llama.cpp's converter permutes the rows): HF row r is stored row
+  // stored_row(r), read in place through this map. 0: rows in HF's order.
+  int64_t interleaved_heads = 0;
+  int64_t stored_row(int64_t r) const;
   explicit operator bool() const { return data != nullptr; }
   bool quantized() const { return ggml_is_quantized(quant); }
   int64_t numel() const { return llmdiff::numel(shape); }
@@ -121,7 +126,7 @@ class ModelWeights {
   std::string dir_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::unique_ptr<GgufFile> gguf_;
-  // GGUF llama q/k weights with their rows put back in HF's order, by GGUF name.
+  // GGUF llama q/k biases with their elements put back in HF's order, by GGUF name.
   mutable std::map<std::string, std::vector<uint8_t>> owned_;
   std::vector<std::pair<std::string, size_t>> name_to_file_;  // sorted by name
 };

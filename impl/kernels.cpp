@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "dumps/errors.h"
+#include "dumps/gguf_model.h"
 
 namespace llmdiff::impl {
 
@@ -98,7 +99,8 @@ struct QuantW {
 };
 
 const float* dequantized_row(const WMat& m, int64_t row, float* dst) {
-  dequantize_row(m.quant, static_cast<const uint8_t*>(m.data) + size_t(row) * ggml_row_bytes(m.quant, m.cols), dst,
+  dequantize_row(m.quant,
+                 static_cast<const uint8_t*>(m.data) + size_t(m.src_row(row)) * ggml_row_bytes(m.quant, m.cols), dst,
                  m.cols);
   return dst;
 }
@@ -171,9 +173,9 @@ void gemv_rows(const WMat& m, const float* x, const float* xe, const float* xo, 
       row.resize(size_t(K));
       y[r] = gemv_row<F32W>(dequantized_row(m, r, row.data()), K, x);
     } else if constexpr (std::is_same<W, BF16W>::value)
-      y[r] = gemv_row_bf16(w + r * K, K, x, xe, xo);
+      y[r] = gemv_row_bf16(w + m.src_row(r) * K, K, x, xe, xo);
     else
-      y[r] = gemv_row<W>(w + r * K, K, x);
+      y[r] = gemv_row<W>(w + m.src_row(r) * K, K, x);
   }
 }
 
@@ -226,14 +228,14 @@ void gemm_tiles(const WMat& m, const float* xt, int64_t ldt, int64_t T, int64_t 
     const int64_t o0 = tile * kPanelRows;
     const int64_t rows = std::min<int64_t>(kPanelRows, N - o0);
     const float* panel;
-    if (std::is_same<W, F32W>::value && rows == kPanelRows) {
+    if (std::is_same<W, F32W>::value && rows == kPanelRows && m.interleaved_heads == 0) {
       panel = reinterpret_cast<const float*>(w) + o0 * K;  // already float32: read in place
     } else if constexpr (std::is_same<W, QuantW>::value) {
       for (int64_t r = 0; r < rows; ++r) dequantized_row(m, o0 + r, buf.data() + r * K);
       std::fill(buf.begin() + rows * K, buf.end(), 0.0f);
       panel = buf.data();
     } else {
-      for (int64_t r = 0; r < rows; ++r) convert_span<W>(w + (o0 + r) * K, K, buf.data() + r * K);
+      for (int64_t r = 0; r < rows; ++r) convert_span<W>(w + m.src_row(o0 + r) * K, K, buf.data() + r * K);
       std::fill(buf.begin() + rows * K, buf.end(), 0.0f);
       panel = buf.data();
     }
@@ -263,11 +265,16 @@ void for_each_job_range(ThreadPool& pool, const std::vector<int64_t>& counts, F&
 
 // ------------------------------------------------------------- public
 
+int64_t WMat::src_row(int64_t r) const {
+  return interleaved_heads > 0 ? gguf_permuted_row(r, rows, interleaved_heads) : r;
+}
+
 WMat wmat(const WeightView& w) {
   WMat m;
   m.data = w.data;
   m.dtype = w.dtype;
   m.quant = w.quant;
+  m.interleaved_heads = w.interleaved_heads;
   if (w.shape.size() == 2) {
     m.rows = w.shape[0];
     m.cols = w.shape[1];
@@ -287,7 +294,7 @@ void load_row(const WMat& m, int64_t row, int64_t c0, int64_t n, float* dst) {
   }
   with_dtype(m.dtype, [&](auto tag) {
     using W = decltype(tag);
-    convert_span<W>(static_cast<const typename W::T*>(m.data) + row * m.cols + c0, n, dst);
+    convert_span<W>(static_cast<const typename W::T*>(m.data) + m.src_row(row) * m.cols + c0, n, dst);
   });
 }
 

@@ -25,7 +25,11 @@ struct WMat {
   // A ggml block type (GGUF weights): rows of blocks, dequantised on the fly
   // with ggml's dequantize_row_* (dtype is then F32).
   GgmlType quant = GgmlType::F32;
+  // Rows stored in another order (WeightView::interleaved_heads): row r is
+  // stored row src_row(r). 0: in order.
+  int64_t interleaved_heads = 0;
   bool quantized() const { return ggml_is_quantized(quant); }
+  int64_t src_row(int64_t r) const;
 };
 // A 2-D weight as a WMat; a 1-D one (norm weight, bias) as one row.
 WMat wmat(const WeightView& w);

@@ -37,11 +37,18 @@ torch::Tensor dequantized_rows(const WeightView& w, int64_t r0, int64_t n) {
 // dequantised to float32 (ggml's dequantize_row_*).
 torch::Tensor stored_tensor(const WeightView& v) {
   if (v.quantized()) return dequantized_rows(v, 0, v.rows()).view(v.shape);
-  return torch::from_blob(const_cast<void*>(v.data), v.shape, torch::TensorOptions().dtype(stored_dtype(v)));
+  torch::Tensor t = torch::from_blob(const_cast<void*>(v.data), v.shape, torch::TensorOptions().dtype(stored_dtype(v)));
+  if (v.interleaved_heads == 0) return t;
+  // Rows stored in llama.cpp's order: gathered into HF's (a copy).
+  std::vector<int64_t> order(size_t(v.rows()));
+  for (int64_t r = 0; r < v.rows(); ++r) order[size_t(r)] = v.stored_row(r);
+  return t.index_select(0, torch::tensor(order, torch::kLong));
 }
 
-// Whether the stored bytes are already a tensor of dtype `st`.
-bool stored_as(const WeightView& v, torch::ScalarType st) { return !v.quantized() && stored_dtype(v) == st; }
+// Whether the stored bytes are already a tensor of dtype `st`, in HF's order.
+bool stored_as(const WeightView& v, torch::ScalarType st) {
+  return !v.quantized() && v.interleaved_heads == 0 && stored_dtype(v) == st;
+}
 
 }  // namespace
 

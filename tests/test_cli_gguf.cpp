@@ -97,6 +97,11 @@ TEST(CliGguf, ConvertedGoldensComputeTheSameFunction) {
     llmdiff::testing::write_engine_dump("ref", golden_model(name), golden_dump(name, "decode"), from_hf);
     llmdiff::testing::write_engine_dump("ref", gguf, golden_dump(name, "decode"), from_gguf);
     EXPECT_EQ(llmdiff::testing::first_difference(DumpFile(from_hf), DumpFile(from_gguf)), "");
+    // The impl reads the permuted rows in place: the same bits as well.
+    const std::string impl_hf = temp_path(name + "-impl-hf") + ".st", impl_gguf = temp_path(name + "-impl-gguf") + ".st";
+    llmdiff::testing::write_engine_dump("impl", golden_model(name), golden_dump(name, "prefill"), impl_hf);
+    llmdiff::testing::write_engine_dump("impl", gguf, golden_dump(name, "prefill"), impl_gguf);
+    EXPECT_EQ(llmdiff::testing::first_difference(DumpFile(impl_hf), DumpFile(impl_gguf)), "");
   }
 }
 
@@ -205,7 +210,7 @@ TEST(CliGguf, PrecisionProfileModelsDesignedRounding) {
 
   // Declared, the run passes in one process too.
   const auto run = run_cli({"run", "--model", model, "--tokens", kPrompt, "--decode", "2", "--precision",
-                            "kv_cache=f16"});
+                            "kv_cache=f16,matmul_input=q8_k"});
   EXPECT_EQ(run.code, 0) << run.out << run.error;
 
   const auto bad = run_cli({"dump", "--engine", "impl", "--model", model, "--tokens", kPrompt, "--precision",
