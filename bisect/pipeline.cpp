@@ -167,7 +167,7 @@ std::vector<compare::Hypothesis> ImplHypothesisRunner::hypotheses() const {
   std::vector<compare::Hypothesis> out;
   const ModelConfig& cfg = model_.config;
   for (const auto& info : zoo::all_bugs()) {
-    if (!zoo::bug_inapplicable_reason(info.bug, cfg).empty()) continue;
+    if (!info.acts_on_model() || !zoo::bug_inapplicable_reason(info.bug, cfg).empty()) continue;
     if (info.takes_value()) {
       for (double v : info.grid(cfg)) out.push_back({info.name, v});
     } else {
@@ -180,6 +180,7 @@ std::vector<compare::Hypothesis> ImplHypothesisRunner::hypotheses() const {
 std::vector<std::pair<std::string, std::string>> ImplHypothesisRunner::inapplicable() const {
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto& info : zoo::all_bugs()) {
+    if (!info.acts_on_model()) continue;
     std::string why = zoo::bug_inapplicable_reason(info.bug, model_.config);
     if (!why.empty()) out.emplace_back(info.name, why);
   }

@@ -7,8 +7,10 @@
 // (teacher forcing) and a diagnosis from the bug zoo.
 #include "cli/commands.h"
 #include "cli/bisect_cli.h"
+#include <algorithm>
 #include <iostream>
 
+#include "compare/sampling_check.h"
 #include "dumps/errors.h"
 
 namespace llmdiff::cli {
@@ -29,11 +31,26 @@ int run_bisect(const BisectCommandOptions& o) {
   bisect::ModelOracles m(o.model, o.bisect.threads);
   log("model loaded");
   compare::BisectResult r = bisect::bisect_candidate(m, cand, bisect_options(o.bisect, &log));
-  const int code = emit_bisect(r, o.bisect);
+  int code = emit_bisect(r, o.bisect);
+  std::ostream& extra = o.bisect.json ? std::cerr : std::cout;
+  // A candidate that samples: its sampler against HF's processors applied to
+  // its own next_logits (a model bug is not a sampler bug).
+  bool samples = false;
+  for (const std::string& n : cand.names())
+    if (n.find(".sample.") != std::string::npos) {
+      samples = true;
+      break;
+    }
+  if (samples) {
+    const compare::SamplingCheck c = compare::check_sampling(cand);
+    log("sampling check");
+    extra << "\n" << compare::render_sampling_check(c);
+    if (c.verdict == compare::SamplingCheck::Verdict::Fail) code = std::max(code, 1);
+  }
   if (!o.source.empty()) {
     const compare::QuantErrorReport q = bisect::quantisation_report(m, o.source, cand);
     log("quantisation error against --source");
-    (o.bisect.json ? std::cerr : std::cout) << "\n" << compare::render_quant_error(q);
+    extra << "\n" << compare::render_quant_error(q);
   }
   return code;
 }

@@ -15,6 +15,7 @@ namespace llmdiff::cli {
 struct DumpOptions {
   std::string engine = "ref";
   std::string model, sites, out;
+  std::string sample;  // sampling parameters (SamplingParams::parse)
   ScenarioCliOptions scenario;
   EngineOptions engine_opts;
   bool list_bugs = false;
@@ -23,7 +24,7 @@ struct DumpOptions {
 namespace {
 
 int list_bugs() {
-  for (const auto& b : zoo::all_bugs()) fmt::print("{:<22} {}\n", b.name, b.description);
+  for (const auto& b : zoo::all_bugs()) fmt::print("{:<34} {}\n", b.name, b.description);
   return 0;
 }
 
@@ -33,18 +34,29 @@ int run_dump(const DumpOptions& o) {
   if (o.out.empty()) throw UsageError("--out is required");
   Model model = Model::load(o.model);
   Scenario sc = o.scenario.scenario();
+  std::vector<zoo::BugSpec> bugs;
+  for (const std::string& b : o.engine_opts.inject) bugs.push_back(zoo::parse_bug(b));
+  sc.sampler_faults = zoo::sampler_faults(bugs);
+  if (!o.sample.empty()) {
+    sc.sampling = SamplingParams::parse(o.sample);
+    sc.sampling->validate();
+    if (sc.sampling->do_sample) sc.name = "sample";
+  } else if (sc.sampler_faults.any()) {
+    throw UsageError("the sampler's bugs act only when the run samples: add --sample");
+  }
   EngineOptions eo = o.engine_opts;
   eo.release_weights = true;  // the impl holds about one layer of the checkpoint resident, not all of it
   auto engine = make_engine(o.engine, model, eo);
   DumpWriter writer(o.out);
   if (!o.sites.empty()) writer.set_filter(split_list(o.sites));
   writer.mutable_manifest() = make_manifest(*engine, model, o.model, sc);
+  if (sc.sampling) set_manifest_sampling(writer.mutable_manifest(), *sc.sampling);
   std::vector<int64_t> generated = run_scenario(*engine, sc, writer);
   writer.finish();
   std::string gen;
   for (int64_t t : generated) gen += (gen.empty() ? "" : ",") + std::to_string(t);
-  fmt::print("wrote {} ({} engine, {}, {} forward calls; greedy tokens {})\n", o.out, o.engine, engine->dtype_name(),
-             sc.steps.size() + size_t(sc.decode), gen);
+  fmt::print("wrote {} ({} engine, {}, {} forward calls; {} tokens {})\n", o.out, o.engine, engine->dtype_name(),
+             sc.steps.size() + size_t(sc.decode), sc.sampling ? "sampled" : "greedy", gen);
   return 0;
 }
 
@@ -74,6 +86,10 @@ void setup_dump(CLI::App& app, Action& action) {
                   "matmul_input=f16|bf16|q8_0|q8_k (every matmul input rounded so) or ggml (as llama.cpp's CPU "
                   "backend: 16-bit inputs for 16-bit weights, 8-bit blocks for quantised ones); written to the "
                   "manifest (key precision)");
+  sub->add_option("--sample", o->sample,
+                  "draw the tokens with HF's logits processors instead of the argmax, e.g. "
+                  "temperature=0.7,top_k=40,top_p=0.9,min_p=0.05,repetition_penalty=1.3,seed=1 (HF generate's "
+                  "names and defaults; written to the manifest key sampling, each step's sample.* recorded)");
   sub->add_option("--sites", o->sites, "record only names matching these globs, comma separated "
                                        "(e.g. 'step*.layers.*.out,step*.logits')");
   sub->add_option("--out", o->out, "output dump file");

@@ -63,7 +63,7 @@ int run_regress(const RegressOptions& o) {
     }
     for (const auto& path : gm.dumps) {
       DumpFile hf(path);
-      Scenario sc = replay_scenario(hf);
+      Scenario sc = replay_with_sampling(hf);
       for (auto k : kinds) {
         compare::RegressionCase c;
         c.model = gm.name;

@@ -1027,10 +1027,11 @@ BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, 
     }
     r.local = judge_local(cand, *cand_local, ref.get(), ref_local.get(), r.dtype, co.sites,
                           clean ? &second_local : nullptr);
-    // Step tokens are the run's inputs: nothing to recompute them from.
     std::vector<std::string> missing;
+    // Step tokens are the run's inputs; sample.* the sampler's (judged by
+    // compare/sampling_check.h).
     for (const auto& n : r.local.not_recomputed)
-      if (parse_name(n).site != "tokens") missing.push_back(n);
+      if (parse_name(n).site != "tokens" && n.find("sample.") == std::string::npos) missing.push_back(n);
     if (!missing.empty())
       r.notes.push_back(std::to_string(missing.size()) +
                         " candidate names have no local recompute (their inputs are not in the dump and cannot be "

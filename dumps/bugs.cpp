@@ -263,6 +263,32 @@ const std::vector<BugInfo>& all_bugs() {
       };
       b.fault = &Faults::mla_value_as_key;
     }
+    // --- sampler: they apply to every model and act only when the run samples
+    // (dumps/sampling.h); HF's processor order is penalty, temperature, top-k,
+    // top-p, min-p.
+    auto sampler = [&](Bug bug, const char* name, const char* description, bool SamplerFaults::*flag) {
+      add(bug, name, description).sampler_fault = flag;
+    };
+    sampler(Bug::SamplerTopPBeforeTemperature, "sampler-top-p-before-temperature",
+            "sampling: applies top-p to the scores before dividing them by the temperature",
+            &SamplerFaults::top_p_before_temperature);
+    sampler(Bug::SamplerTopKAfterTopP, "sampler-top-k-after-top-p",
+            "sampling: applies top-k after top-p (top-p then sees the whole vocabulary)",
+            &SamplerFaults::top_k_after_top_p);
+    sampler(Bug::SamplerPenaltySign, "sampler-penalty-sign",
+            "sampling: the repetition penalty divides every seen token's logit, negative ones too (raising them)",
+            &SamplerFaults::penalty_sign);
+    sampler(Bug::SamplerSoftmaxUnfiltered, "sampler-softmax-unfiltered",
+            "sampling: draws from the softmax of the raw next_logits instead of the processed scores",
+            &SamplerFaults::softmax_unfiltered);
+    sampler(Bug::SamplerTopPOffByOne, "sampler-top-p-off-by-one",
+            "sampling: top-p keeps one token too many (the most probable one it should remove)",
+            &SamplerFaults::top_p_one_more);
+    sampler(Bug::SamplerTopPOffByOneFewer, "sampler-top-p-off-by-one-fewer",
+            "sampling: top-p keeps one token too few (removes the one whose mass crosses top_p)",
+            &SamplerFaults::top_p_one_fewer);
+    sampler(Bug::SamplerTemperatureTwice, "sampler-temperature-twice",
+            "sampling: divides the scores by the temperature twice", &SamplerFaults::temperature_twice);
     return z;
   }();
   return bugs;
@@ -375,6 +401,28 @@ Faults apply_bugs(const std::vector<BugSpec>& bugs, ModelConfig& cfg) {
     if (info.change_config) info.change_config(cfg, info.takes_value() ? bug_value(b, cfg) : 0.0);
   }
   return f;
+}
+
+bool SamplerFaults::any() const {
+  for (const BugInfo* info : sampler_bugs())
+    if (this->*(info->sampler_fault)) return true;
+  return false;
+}
+
+SamplerFaults sampler_faults(const std::vector<BugSpec>& bugs) {
+  SamplerFaults f;
+  for (const BugSpec& b : bugs) {
+    const BugInfo& info = bug_info(b.bug);
+    if (info.sampler_fault) f.*(info.sampler_fault) = true;
+  }
+  return f;
+}
+
+std::vector<const BugInfo*> sampler_bugs() {
+  std::vector<const BugInfo*> out;
+  for (const BugInfo& info : all_bugs())
+    if (info.is_sampler()) out.push_back(&info);
+  return out;
 }
 
 }  // namespace llmdiff::zoo

@@ -9,6 +9,14 @@
 // Adding a bug: one entry below; for an op-level bug also its Faults flag and
 // the op it changes in impl/model.cpp and ref/graph.cpp (two independent
 // engines compute it each their own way).
+//
+// Sampler bugs (sampler-*) change no tensor of the forward pass: they switch
+// a SamplerFaults flag that the sampler (dumps/sampling.h) honours when an
+// engine samples, and that compare/sampling_check tries when a dump's
+// sample.* disagree with HF's processors. Whether a run samples is only known
+// at run time, so they apply to every model and act only on sampling runs;
+// model-level loops (variant runs, bisect hypotheses) skip them
+// (BugInfo::acts_on_model).
 #pragma once
 #include <optional>
 #include <string>
@@ -26,7 +34,10 @@ enum class Bug {
   MoeSoftmaxRouting, MoeTopkNorm, MoeBiasInWeights, MoeNoCorrectionBias, MoeNoGroupLimit, MoeRoutedScale,
   MoeSharedMissing, MoeExpertOffByOne,
   // multi-head latent attention
-  MlaRopeLayout, MlaRopeFront, MlaMscaleMissing, MlaValueAsKey
+  MlaRopeLayout, MlaRopeFront, MlaMscaleMissing, MlaValueAsKey,
+  // sampler (HF's logits processors)
+  SamplerTopPBeforeTemperature, SamplerTopKAfterTopP, SamplerPenaltySign, SamplerSoftmaxUnfiltered,
+  SamplerTopPOffByOne, SamplerTopPOffByOneFewer, SamplerTemperatureTwice
 };
 
 // How a forward pass runs under the zoo's op-level bugs (all false: no bug).
@@ -49,6 +60,19 @@ struct Faults {
   bool mla_rope_front = false;       // mla-rope-front
   bool mla_no_mscale = false;        // mla-mscale-missing
   bool mla_value_as_key = false;     // mla-value-as-key
+};
+
+// How the sampler (dumps/sampling.h) departs from HF's logits processors
+// (all false: HF's order and rules).
+struct SamplerFaults {
+  bool top_p_before_temperature = false;  // sampler-top-p-before-temperature
+  bool top_k_after_top_p = false;         // sampler-top-k-after-top-p
+  bool penalty_sign = false;              // sampler-penalty-sign
+  bool softmax_unfiltered = false;        // sampler-softmax-unfiltered
+  bool top_p_one_more = false;            // sampler-top-p-off-by-one
+  bool top_p_one_fewer = false;           // sampler-top-p-off-by-one-fewer
+  bool temperature_twice = false;         // sampler-temperature-twice
+  bool any() const;
 };
 
 // The divergence patterns compare/'s fingerprints test (compare/diagnose.cpp);
@@ -77,9 +101,11 @@ struct BugInfo {
   const char* description;  // one line
   // Empty when the bug applies to the model, else why not (null: always applies).
   std::string (*inapplicable)(const ModelConfig& cfg) = nullptr;
-  // The substitution: a config change, or a Faults flag (one of them).
+  // The substitution: a config change, a Faults flag, or a SamplerFaults
+  // flag (one of them).
   void (*change_config)(ModelConfig& cfg, double value) = nullptr;
   bool Faults::*fault = nullptr;
+  bool SamplerFaults::*sampler_fault = nullptr;
   // A parameterised bug: the config value it replaces ("rope theta"), the
   // model's own value, the value used when none is given, and the values a
   // diagnosis tries (the config's own is left out).
@@ -90,6 +116,10 @@ struct BugInfo {
   bool positive_only = false;  // the parameter must be > 0 (else >= 0)
   Signature signature = Signature::None;
   bool takes_value() const { return parameter != nullptr; }
+  // Whether the bug changes the model's forward pass (a config change or a
+  // Faults flag); false for sampler bugs, which only act when sampling.
+  bool acts_on_model() const { return change_config != nullptr || fault != nullptr; }
+  bool is_sampler() const { return sampler_fault != nullptr; }
 };
 const std::vector<BugInfo>& all_bugs();
 const BugInfo& bug_info(Bug b);
@@ -122,7 +152,13 @@ double bug_value(const BugSpec& spec, const ModelConfig& cfg);
 void check_bugs(const std::vector<BugSpec>& bugs, const ModelConfig& cfg);
 
 // Applies the bugs (checked by check_bugs): config-level ones to `cfg`, the
-// others to the returned Faults.
+// op-level ones to the returned Faults. Sampler bugs are left out (see
+// sampler_faults).
 Faults apply_bugs(const std::vector<BugSpec>& bugs, ModelConfig& cfg);
+
+// The sampler bugs among `bugs`, as the flags the sampler honours.
+SamplerFaults sampler_faults(const std::vector<BugSpec>& bugs);
+// The entries of the sampler bugs, in registry order.
+std::vector<const BugInfo*> sampler_bugs();
 
 }  // namespace llmdiff::zoo

@@ -57,6 +57,25 @@ Scenario replay_scenario(const TensorSource& dump) {
     sc.first_generating_step = int(sc.steps.size()) - 1;
   }
   sc.name = dump.manifest().scenario.empty() ? "replay" : dump.manifest().scenario;
+  // Sampled tokens are not the argmax a replay would emit: the sampler's own
+  // check (compare/sampling_check.h) judges them.
+  const std::optional<SamplingParams> sampling = manifest_sampling(dump.manifest(), dump.label());
+  if (sampling && sampling->do_sample) sc.emit_generated = false;
+  return sc;
+}
+
+Scenario replay_with_sampling(const TensorSource& dump) {
+  Scenario sc = replay_scenario(dump);
+  sc.sampling = manifest_sampling(dump.manifest(), dump.label());
+  if (!sc.sampling) return sc;
+  sc.emit_generated = dump.has("generated");
+  for (int s = 0; s < int(sc.steps.size()); ++s) {
+    const std::string name = step_name(s, "sample.token");
+    if (!dump.has(name)) continue;
+    const TensorData t = dump.get(name);
+    if (!t.is_int || t.i.size() != 1) throw FormatError(dump.label(), name, "expected one integer token");
+    sc.drawn[s] = t.i[0];
+  }
   return sc;
 }
 
@@ -68,14 +87,32 @@ std::vector<int64_t> run_scenario(Engine& engine, const Scenario& sc, Observer& 
                      std::to_string(sc.steps.size()) + " prompt calls");
   engine.reset();
   std::vector<int64_t> generated;
+  std::vector<int64_t> history;  // every token fed so far (generate's input_ids)
+  UniformStream draws(sc.sampling && sc.sampling->seed ? *sc.sampling->seed : 0);
+  // The token of step `step` from its next_logits: the argmax, or a draw.
+  auto pick = [&](const std::vector<float>& logits, int step) {
+    if (!sc.sampling) return argmax_first(logits);
+    SampledStep s = sample_step(*sc.sampling, logits, history, draws, sc.sampler_faults);
+    const auto forced = sc.drawn.find(step);
+    if (forced != sc.drawn.end()) {
+      s.token = forced->second;
+      s.u.reset();
+    }
+    report_sample(obs, step, s);
+    return s.token;
+  };
   int step = 0;
   for (const auto& tokens : sc.steps) {
     std::vector<float> logits = engine.forward(tokens, step, obs);
-    if (step++ >= sc.first_generating_step) generated.push_back(argmax_first(logits));
+    history.insert(history.end(), tokens.begin(), tokens.end());
+    if (step >= sc.first_generating_step) generated.push_back(pick(logits, step));
+    ++step;
   }
   for (int d = 0; d < sc.decode; ++d) {
-    std::vector<float> logits = engine.forward({generated.back()}, step++, obs);
-    generated.push_back(argmax_first(logits));
+    std::vector<float> logits = engine.forward({generated.back()}, step, obs);
+    history.push_back(generated[generated.size() - 1]);
+    generated.push_back(pick(logits, step));
+    ++step;
   }
   if (sc.emit_generated && obs.wants("generated"))
     obs.on_i64("generated", {int64_t(generated.size())}, generated.data());

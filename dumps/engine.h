@@ -3,12 +3,15 @@
 // replay of an existing dump) through one, reporting to an Observer.
 #pragma once
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "dumps/dump.h"
 #include "dumps/precision.h"
 #include "dumps/observer.h"
+#include "dumps/sampling.h"
 
 namespace llmdiff {
 
@@ -35,14 +38,27 @@ struct Scenario {
   // `generated` holds the argmax of next_logits of every step from this one
   // on (the last prompt call and each decode call).
   int first_generating_step = 0;
+  // Tokens drawn with HF's logits processors instead of the argmax (the
+  // `sampling` manifest key): each generating step reports its
+  // step{N}.sample.* names; draws from UniformStream(seed, 0 when unset).
+  // `sampler_faults`: the zoo's sampler bugs switched on.
+  std::optional<SamplingParams> sampling;
+  zoo::SamplerFaults sampler_faults;
+  // A replay of a sampling run: the token each generating step drew, by
+  // step (the processors still run on the engine's own logits).
+  std::map<int, int64_t> drawn;
 };
 
 // --tokens 1,2,3 [--chunks 4,3] [--decode N]. Chunk sizes must add up to the
 // token count. Throws UsageError.
 Scenario make_scenario(const std::vector<int64_t>& tokens, const std::vector<int64_t>& chunks, int decode);
 // Exactly the forward calls of an existing dump (each step's own tokens);
-// `generated` is emitted when the dump has it.
+// `generated` is emitted when the dump has it (not for a sampling run).
 Scenario replay_scenario(const TensorSource& dump);
+// A replay that also runs the dump's sampler: its manifest `sampling`
+// applied to the engine's logits at each step with sample.*, the drawn
+// token taken from the dump (HF's regression of a sample golden).
+Scenario replay_with_sampling(const TensorSource& dump);
 
 // Runs the scenario from an empty cache: every forward call reports step k's
 // sites, then `generated` (argmax of each step's next_logits, first index on

@@ -335,6 +335,21 @@ void check_data_region(Reader& r, size_t size, ParsedGguf& out) {
              " bytes) runs past the end of the file: the data region has " + std::to_string(data_size) + " bytes");
     }
   }
+  // No two tensors share bytes (ggml's writer lays them out one after the
+  // other; an overlap is a corrupt table, not a layout).
+  std::vector<const GgufTensorInfo*> by_offset;
+  for (const auto& t : out.tensors) by_offset.push_back(&t);
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const GgufTensorInfo* x, const GgufTensorInfo* y) { return x->offset < y->offset; });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    const GgufTensorInfo& prev = *by_offset[i - 1];
+    const GgufTensorInfo& t = *by_offset[i];
+    if (prev.nbytes > 0 && t.offset < prev.offset + prev.nbytes) {
+      r.tensor = escape(t.name);
+      r.fail("data at offset " + std::to_string(t.offset) + " overlaps tensor '" + escape(prev.name) + "' (offset " +
+             std::to_string(prev.offset) + ", " + std::to_string(prev.nbytes) + " bytes)");
+    }
+  }
 }
 
 }  // namespace

@@ -60,7 +60,14 @@ TEST(CliRegress, GoldenTreePassesForBothEngines) {
   std::string junit = temp_path("regress-golden.xml");
   CliRun r = run_cli({"regress", "--golden", golden_dir(), "--junit", junit});
   EXPECT_EQ(r.code, 0) << r.error << r.out;
-  size_t cases = golden_models().size() * 3 * 2;
+  // prefill, decode and chunked of every model, and the sample dumps of HF's
+  // generate; each for both engines.
+  size_t dumps = 0;
+  for (const std::string& m : golden_models())
+    for (const char* s : {"prefill", "decode", "chunked", "sample"})
+      dumps += std::filesystem::exists(golden_dump(m, s)) ? 1 : 0;
+  EXPECT_EQ(dumps, golden_models().size() * 3 + 2);
+  const size_t cases = dumps * 2;
   EXPECT_NE(r.out.find("result: " + std::to_string(cases) + " of " + std::to_string(cases) + " cases pass"),
             std::string::npos)
       << r.out;
