@@ -6,10 +6,31 @@
 
 namespace llmdiff {
 
-// Base of every error llmdiff reports as "bad input" (exit code 2).
+// `text` with every byte outside printable ASCII written as \xNN: what an
+// error message shows of names, keys and excerpts that come from an input
+// file, so a malformed file never puts raw bytes on a terminal.
+inline std::string printable(const std::string& text) {
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  out.reserve(text.size());
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c >= 0x20 && c < 0x7f) {
+      out += ch;
+    } else {
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  return out;
+}
+
+// Base of every error llmdiff reports as "bad input" (exit code 2). The
+// message is made printable() whatever it quotes.
 class Error : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit Error(const std::string& what) : std::runtime_error(printable(what)) {}
 };
 
 // A file could not be opened, read, mapped or written.

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs the whole test suite through
-# ctest, then dumps/ and its tests again under ASan+UBSan. Non-zero on any failure.
+# ctest, then dumps/ and its tests again under ASan+UBSan, then the libFuzzer
+# targets of fuzz/ for FUZZ_SECONDS each. Non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/build.sh
 ctest --test-dir build --output-on-failure -j"${JOBS:-$(nproc)}"
 ./scripts/sanitize.sh
+./scripts/fuzz.sh

@@ -7,6 +7,7 @@
 #include <random>
 #include <set>
 
+#include "dumps/config.h"
 #include "dumps/dump.h"
 #include "dumps/errors.h"
 #include "dumps/safetensors.h"
@@ -388,3 +389,21 @@ TEST(MalformedFuzz, RandomMutationsNeverCrash) {
 
 }  // namespace
 }  // namespace llmdiff
+
+// Found by fuzz/fuzz_config: the JSON parser's message quotes the bytes it
+// last read, raw. Every typed error's message is printable ASCII, the byte
+// shown as \xNN.
+TEST(MalformedMessages, RawBytesFromTheInputAreEscaped) {
+  const std::string text = std::string("{\"model_type\": \"llama\"") + char(0x9c) + char(0x01) + "}";
+  try {
+    llmdiff::parse_config(text, "fuzz/config.json");
+    FAIL() << "accepted";
+  } catch (const llmdiff::ConfigError& e) {
+    const std::string what = e.what();
+    for (unsigned char c : what) EXPECT_TRUE(c >= 0x20 && c < 0x7f) << what;
+    EXPECT_NE(what.find("\\x9c"), std::string::npos) << what;
+    EXPECT_NE(what.find("fuzz/config.json"), std::string::npos) << what;
+  }
+  // Any typed error, whatever its text.
+  EXPECT_STREQ(llmdiff::FormatError("f", std::string("t\xff"), "bad\n").what(), "f: tensor 't\\xff': bad\\x0a");
+}
