@@ -194,14 +194,24 @@ inline float qx_weight(int rmse_type, float x) {
   return rmse_type == 1 ? x * x : rmse_type == 2 ? 1 : rmse_type == 3 ? std::fabs(x) : std::sqrt(std::fabs(x));
 }
 
+// The value of largest magnitude (signed; the first of equals), as ggml's
+// reference quantisers look for it.
+inline float signed_absmax(const float* x, int n) {
+  float amax = 0.0f, max = 0.0f;
+  for (int j = 0; j < n; ++j) {
+    const float v = x[j];
+    if (amax < std::fabs(v)) {
+      amax = std::fabs(v);
+      max = v;
+    }
+  }
+  return max;
+}
+
 // make_qx_quants without importance weights: symmetric levels L in
 // [0, 2*nmax) (value = scale * (L - nmax)); returns the scale.
 float make_qx_quants(int n, int nmax, const float* x, int8_t* L, int rmse_type) {
-  float max = 0, amax = 0;
-  for (int i = 0; i < n; ++i) {
-    const float ax = std::fabs(x[i]);
-    if (ax > amax) { amax = ax; max = x[i]; }
-  }
+  const float max = signed_absmax(x, n), amax = std::fabs(max);
   if (amax < kGroupMaxEps) {  // all zero
     for (int i = 0; i < n; ++i) L[i] = 0;
     return 0.f;
@@ -257,11 +267,7 @@ float make_qx_quants(int n, int nmax, const float* x, int8_t* L, int rmse_type) 
 // make_q3_quants: symmetric levels in [0, 2*nmax), refined by coordinate
 // descent on the x^2-weighted error when do_rmse.
 float make_q3_quants(int n, int nmax, const float* x, int8_t* L, bool do_rmse) {
-  float max = 0, amax = 0;
-  for (int i = 0; i < n; ++i) {
-    const float ax = std::fabs(x[i]);
-    if (ax > amax) { amax = ax; max = x[i]; }
-  }
+  const float max = signed_absmax(x, n), amax = std::fabs(max);
   if (amax < kGroupMaxEps) {  // all zero
     for (int i = 0; i < n; ++i) L[i] = 0;
     return 0.f;
@@ -585,14 +591,7 @@ void dequant_blocks(const void* src, float* dst, int64_t n) {
 // ----------------------------------------------------------- quantisation
 
 void quant(const float* x, BlockQ4_0& y) {  // quantize_row_q4_0_ref
-  float amax = 0.0f, max = 0.0f;
-  for (int j = 0; j < kQK; ++j) {
-    const float v = x[j];
-    if (amax < std::fabs(v)) {
-      amax = std::fabs(v);
-      max = v;
-    }
-  }
+  const float max = signed_absmax(x, kQK);
   const float d = max / -8;
   const float id = d ? 1.0f / d : 0.0f;
   y.d = fp32_to_fp16(d);
@@ -645,14 +644,7 @@ inline void pack_5bit(const uint8_t* xi, uint8_t* qs, uint8_t* qh_bytes) {
 }
 
 void quant(const float* x, BlockQ5_0& y) {  // quantize_row_q5_0_ref
-  float amax = 0.0f, max = 0.0f;
-  for (int j = 0; j < kQK; ++j) {
-    const float v = x[j];
-    if (amax < std::fabs(v)) {
-      amax = std::fabs(v);
-      max = v;
-    }
-  }
+  const float max = signed_absmax(x, kQK);
   const float d = max / -16;
   const float id = d ? 1.0f / d : 0.0f;
   y.d = fp32_to_fp16(d);
@@ -1116,28 +1108,19 @@ void round_activations(GgmlType act, const float* x, float* y, int64_t n) {
       return;
     case GgmlType::Q8_0: case GgmlType::Q8_1: {  // quantize_row_q8_0_ref / q8_1_ref
       if (n % kQK != 0) throw Error("round_activations: " + std::to_string(n) + " values are not whole Q8_0 blocks");
+      // Q8_1's values are Q8_0's (its extra sum only serves the dot product).
       for (int64_t b = 0; b < n; b += kQK) {
-        float amax = 0.0f;
-        for (int j = 0; j < kQK; ++j) amax = gmax(amax, std::fabs(x[b + j]));
-        const float d = amax / ((1 << 7) - 1);
-        const float id = d ? 1.0f / d : 0.0f;
-        const float ds = fp16_to_fp32(fp32_to_fp16(d));
-        for (int j = 0; j < kQK; ++j) y[b + j] = ds * float(trunc_to_i8(std::round(x[b + j] * id)));
+        BlockQ8_0 block;
+        quant(x + b, block);
+        dequant(block, y + b);
       }
       return;
     }
     case GgmlType::Q8_K: {  // quantize_row_q8_K_ref
       if (n % kQK_K != 0) throw Error("round_activations: " + std::to_string(n) + " values are not whole Q8_K blocks");
       for (int64_t b = 0; b < n; b += kQK_K) {
-        float max = 0.0f, amax = 0.0f;
-        for (int j = 0; j < kQK_K; ++j) {
-          const float ax = std::fabs(x[b + j]);
-          if (ax > amax) {
-            amax = ax;
-            max = x[b + j];
-          }
-        }
-        if (!amax) {
+        const float max = signed_absmax(x + b, kQK_K);
+        if (!max) {
           for (int j = 0; j < kQK_K; ++j) y[b + j] = 0.0f;
           continue;
         }

@@ -221,19 +221,17 @@ int64_t WeightView::stored_row(int64_t r) const {
 
 void WeightView::rows_f32(int64_t r0, int64_t n, float* dst) const {
   const int64_t c = cols();
-  if (interleaved_heads > 0) {
-    for (int64_t r = 0; r < n; ++r) {
-      WeightView one = *this;
-      one.interleaved_heads = 0;
-      one.rows_f32(stored_row(r0 + r), 1, dst + r * c);
-    }
+  const auto* bytes = static_cast<const uint8_t*>(data);
+  if (interleaved_heads == 0 && !quantized()) {
+    convert_to_f32(bytes + size_t(r0) * row_bytes(), dtype, size_t(n * c), dst);
     return;
   }
-  const auto* base = static_cast<const uint8_t*>(data) + size_t(r0) * row_bytes();
-  if (quantized()) {
-    for (int64_t r = 0; r < n; ++r) dequantize_row(quant, base + size_t(r) * row_bytes(), dst + r * c, c);
-  } else {
-    convert_to_f32(base, dtype, size_t(n * c), dst);
+  for (int64_t r = 0; r < n; ++r) {
+    const uint8_t* row = bytes + size_t(stored_row(r0 + r)) * row_bytes();
+    if (quantized())
+      dequantize_row(quant, row, dst + r * c, c);
+    else
+      convert_to_f32(row, dtype, size_t(c), dst + r * c);
   }
 }
 

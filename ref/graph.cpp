@@ -163,7 +163,8 @@ Graph::Graph(ModelConfig cfg, LayerByLayerWeights& w, const GraphOptions& opt, c
     // Sampled tokens are no argmax to recompute (the sampler's own check
     // judges them).
     const std::optional<SamplingParams> sampling = manifest_sampling(dump_->manifest(), dump_->label());
-    if (dump_->has("generated") && !(sampling && sampling->do_sample)) {
+    sampled_ = sampling && sampling->do_sample;
+    if (dump_->has("generated") && !sampled_) {
       const int64_t m = numel(dump_->shape("generated"));
       first_generating_ = int(std::max<int64_t>(0, int64_t(tokens_.size()) - m));
     }
@@ -428,8 +429,7 @@ bool Graph::greedy_step(int s) const {
   if (opt_.inputs != Inputs::Dump) return false;
   if (s < 1 || T(s) != 1 || first_generating_ >= 0) return false;
   if (dump_->manifest().scenario != "decode") return false;
-  const std::optional<SamplingParams> sampling = manifest_sampling(dump_->manifest(), dump_->label());
-  if (sampling && sampling->do_sample) return false;  // drawn, not the argmax
+  if (sampled_) return false;  // drawn, not the argmax
   for (int r = s; r < steps(); ++r)
     if (T(r) != 1) return false;
   return true;

@@ -149,6 +149,7 @@ class Graph {
   std::vector<int64_t> past_;
   std::vector<ops::RopeInit> step_rope_;  // the frequencies each call uses
   int first_generating_ = -1;             // -1: no `generated`
+  bool sampled_ = false;                  // the dump's tokens were drawn (manifest sampling), not argmaxes
   std::map<std::string, Value> memo_;
   std::set<std::string> in_progress_;
   std::map<std::string, torch::Tensor> dump_cache_;
