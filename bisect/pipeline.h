@@ -43,6 +43,8 @@ class RefLocalOracle : public compare::LocalOracle {
   std::unique_ptr<compare::Recomputed> recompute(const TensorSource& dump, ComputeDType dtype,
                                                  const compare::Hypothesis* h = nullptr) const override;
   bool supports(const compare::Hypothesis& h) const override;
+  std::optional<std::vector<float>> transposed_weight(const TensorSource& dump,
+                                                      const std::string& name) const override;
 
  private:
   const Model& model_;

@@ -19,6 +19,8 @@ namespace llmdiff::compare {
 namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
+}  // namespace
+
 std::string nonfinite_words(const NonFiniteCounts& c, const Shape& shape) {
   std::string s;
   if (c.nan) s += std::to_string(c.nan) + " NaN (first at " + index_str(unravel(c.first_nan, shape)) + ")";
@@ -26,6 +28,8 @@ std::string nonfinite_words(const NonFiniteCounts& c, const Shape& shape) {
   if (c.neg_inf) s += std::string(s.empty() ? "" : ", ") + std::to_string(c.neg_inf) + " -Inf";
   return s;
 }
+
+namespace {
 
 bool is_logits_site(const CanonName& c) {
   return (c.kind == CanonName::Kind::Step) && (c.site == "logits" || c.site == "next_logits");

@@ -158,6 +158,24 @@ ComputeDType candidate_dtype(const TensorSource& cand, std::string* source) {
 // ---------------------------------------------------------------------------
 // Fingerprints
 
+namespace {
+
+// Whether b is a non-decreasing function of a (values of a in order give
+// values of b in order, up to float32 rounding of b's scale).
+bool monotone_in(const std::vector<float>& a, const std::vector<float>& b) {
+  std::vector<size_t> order(a.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) { return a[x] < a[y]; });
+  double scale = 0;
+  for (float v : b) scale = std::max(scale, double(std::fabs(v)));
+  const double slack = 1e-6 * scale;
+  for (size_t i = 1; i < order.size(); ++i)
+    if (double(b[order[i]]) < double(b[order[i - 1]]) - slack) return false;
+  return !a.empty();
+}
+
+}  // namespace
+
 std::vector<Fingerprint> fingerprints(const TensorSource& cand, const TensorSource& ref, const DiffResult& global,
                                       const Scenario& sc) {
   std::vector<Fingerprint> out;
@@ -187,6 +205,7 @@ std::vector<Fingerprint> fingerprints(const TensorSource& cand, const TensorSour
       // reference's; logits that are a multiple of them are a scale (a
       // logit scale, a soft-cap's linear range), not the lm-head bug.
       TensorData cl = cand.get(logits), rl = ref.get(logits);
+      if (b->metrics.cand_nonfinite.total() > 0) break;  // NaN/Inf: the non-finite finding, not the head
       double k = 0, rel = INFINITY;
       if (cl.shape == rl.shape && !cl.is_int && !rl.is_int) {
         k = fit_scale(cl.f.data(), rl.f.data(), cl.numel());
@@ -196,6 +215,12 @@ std::vector<Fingerprint> fingerprints(const TensorSource& cand, const TensorSour
         out.push_back({named(zoo::Signature::HeadOnly),
                        head + ", and " + logits + " is the reference's times " + value_str(k) +
                            ": a scale of the logits, not another head matrix",
+                       false});
+      else if (cl.shape == rl.shape && !cl.is_int && monotone_in(rl.f, cl.f))
+        out.push_back({named(zoo::Signature::HeadOnly),
+                       head + ", and " + logits + " is an increasing function of the reference's (the same order "
+                              "everywhere): a pointwise change of the logits (soft-capping, clamping), not another "
+                              "head matrix",
                        false});
       else
         out.push_back({named(zoo::Signature::HeadOnly), head + ": the lm_head projection itself is wrong", true});
@@ -286,7 +311,16 @@ std::vector<Fingerprint> fingerprints(const TensorSource& cand, const TensorSour
                                          "): no causal mask", true});
       break;
     }
-    if (P > 0) {
+    if (P > 0 && S == T) {
+      // A mask over this call's keys alone: the cache holds none of the
+      // past (kv-overwrite), which a mask of the full length would not say.
+      out.push_back({named(zoo::Signature::CacheHoldsCallOnly),
+                     name + " spans " + std::to_string(S) + " keys where " + std::to_string(P + T) +
+                         " are cached (" + std::to_string(P) + " before this call): only this call's keys are attended",
+                     true});
+      break;
+    }
+    if (P > 0 && S == P + T) {
       bool square = true;  // key s allowed iff s <= t, whatever the past
       for (int64_t t = 0; t < T && square; ++t)
         for (int64_t k = 0; k < S; ++k)
@@ -303,7 +337,10 @@ std::vector<Fingerprint> fingerprints(const TensorSource& cand, const TensorSour
   }
 
   // kv-overwrite: the cache holds only this call's keys.
-  for (int s = 1; s < steps; ++s) {
+  const bool mask_said = std::any_of(out.begin(), out.end(), [&](const Fingerprint& f) {
+    return f.bug == named(zoo::Signature::CacheHoldsCallOnly);
+  });
+  for (int s = 1; s < steps && !mask_said; ++s) {
     const int64_t T = int64_t(sc.steps[size_t(s)].size()), P = past[size_t(s)];
     if (P == 0) continue;
     bool found = false;
@@ -874,22 +911,22 @@ namespace {
 
 // The error signatures at the focus and the first failing names; a decisive
 // one at the focus is the finding when no bug fits.
-void add_signatures(BisectResult& r, const TensorSource& cand, const TensorSource& ref) {
+void add_signatures(BisectResult& r, const TensorSource& cand, const TensorSource& ref, const LocalOracle* oracle) {
   std::vector<std::string> names;
   if (auto at = r.localised_at()) names.push_back(*at);
   for (const TensorComparison& t : r.global.tensors) {
     if (names.size() >= 4) break;
-    if (!t.pass && !t.is_int && t.shape_match && std::find(names.begin(), names.end(), t.name) == names.end())
+    if (!t.pass && !t.is_int && std::find(names.begin(), names.end(), t.name) == names.end())
       names.push_back(t.name);
   }
   const std::optional<ModelConfig> cfg = manifest_config(ref, cand);
   for (const std::string& n : names)
-    for (ErrorSignature& s : error_signatures(n, cand, ref, cfg)) r.diagnosis.signatures.push_back(std::move(s));
+    for (ErrorSignature& s : error_signatures(n, cand, ref, cfg, oracle)) r.diagnosis.signatures.push_back(std::move(s));
   if (r.diagnosis.bug || r.diagnosis.signatures.empty()) return;
   const ErrorSignature& best = r.diagnosis.signatures.front();
   if (best.decisive && !names.empty() && best.name == names.front()) {
     r.diagnosis.basis = "signature";
-    r.diagnosis.evidence = "no bug of the zoo; the error is a " + best.kind + " at " + best.name + ": " + best.detail +
+    r.diagnosis.evidence = "no bug of the zoo; the error's signature at " + best.name + " is " + best.kind + ": " + best.detail +
                            ". " + r.diagnosis.evidence;
   }
 }
@@ -1037,6 +1074,15 @@ BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, 
                         " candidate names have no local recompute (their inputs are not in the dump and cannot be "
                         "derived), e.g. " + missing.front());
   }
+  // NaN/Inf the reference does not have: a finding of its own, at the first
+  // name (canonical order) that holds them.
+  for (const TensorComparison& t : r.global.tensors)
+    if (t.metrics.cand_nonfinite.total() > t.metrics.ref_nonfinite.total()) {
+      r.notes.push_back("the candidate's first non-finite values are at " + t.name + ": " +
+                        nonfinite_words(t.metrics.cand_nonfinite, t.cand_shape) + " (the reference has " +
+                        std::to_string(t.metrics.ref_nonfinite.total()) + ")");
+      break;
+    }
   if (!r.global.ok() && !r.declare_dtype && r.local.ran && !r.local.first_failure)
     for (const LocalSite& s : r.local.sites)
       if (s.stored_as) {
@@ -1077,7 +1123,7 @@ BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, 
     in.dtype = r.dtype;
     in.sites = co.sites;
     r.diagnosis = diagnose(in);
-    add_signatures(r, cand, *ref);
+    add_signatures(r, cand, *ref, in.oracle);
     if (!r.diagnosis.bug) explain_by_layout(r);
     done("diagnosis");
   } else {

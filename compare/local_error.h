@@ -55,6 +55,16 @@ class LocalOracle {
                                                 const Hypothesis* h = nullptr) const = 0;
   // Whether recompute() can run the ops under `h`.
   virtual bool supports(const Hypothesis& h) const = 0;
+  // The projection at `name` (attn.q/k/v, attn.out, mlp.gate/up/down; MLA's
+  // attn.q_a, attn.kv_a, attn.kv) recomputed in float64 from the dump's own
+  // input with its weight's memory read as [in, out] instead of HF's
+  // [out, in]: for a square matrix, x W instead of x W^T (an engine that
+  // forgot to transpose). nullopt where the site has no such weight or the
+  // dump lacks its input. Values in `name`'s shape.
+  virtual std::optional<std::vector<float>> transposed_weight(const TensorSource& dump,
+                                                              const std::string& name) const {
+    return std::nullopt;
+  }
 };
 
 // A read-only view of `base` restricted to `keep` (names absent from base are ignored).

@@ -24,6 +24,8 @@ struct NonFiniteCounts {
   int64_t first_nan = -1;  // flat offset of the first NaN, -1 if none
   int64_t total() const { return nan + pos_inf + neg_inf; }
 };
+// "2 NaN (first at [0, 3]), 1 +Inf" for a tensor of `shape`.
+std::string nonfinite_words(const NonFiniteCounts& c, const Shape& shape);
 
 // Elementwise metrics of a same-shape float pair (a = cand, b = ref).
 // The sums run over the positions where both values are finite; positions

@@ -5,23 +5,65 @@
 #include <cstdio>
 
 #include "compare/metrics.h"
+#include "compare/signature_finders.h"
 #include "compare/noise_floor.h"
 #include "dumps/dtype.h"
 #include "dumps/names.h"
 
 namespace llmdiff::compare {
 
-namespace {
-
-// "Explained": what is left is float32 rounding of the tensor's scale.
-constexpr double kExact = 1e-5;   // residual RMS / RMS of the reference
-constexpr double kFits = 1e-2;    // residual / error before: a partial explanation
+namespace sig {
 
 std::string num(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.4g", v);
   return buf;
 }
+
+std::optional<Heads> heads_of(const std::string& site, const Shape& shape, const std::optional<ModelConfig>& cfg) {
+  if (shape.size() == 3 && site.rfind("attn.", 0) == 0) return Heads{shape[0], shape[1] * shape[2], 1, shape[2]};
+  if (shape.size() == 2 && cfg && (site == "attn.q" || site == "attn.k" || site == "attn.v" || site == "attn.ctx" ||
+                                   site == "attn.q_norm" || site == "attn.k_norm")) {
+    const int64_t H = site == "attn.q" || site == "attn.ctx" || site == "attn.q_norm" ? cfg->num_attention_heads
+                                                                                     : cfg->num_key_value_heads;
+    if (H > 0 && shape[1] % H == 0) return Heads{H, shape[1] / H, shape[0], shape[1] / H};
+  }
+  return std::nullopt;
+}
+
+void Found::add(const std::string& kind, const std::string& detail, double left) {
+  ErrorSignature s;
+  s.name = name;
+  s.kind = kind;
+  s.detail = detail;
+  s.fit = err > 0 ? left / err : 0.0;
+  s.decisive = left <= tol * scale;
+  out.push_back(s);
+}
+
+void Found::add_decisive(const std::string& kind, const std::string& detail) {
+  ErrorSignature s;
+  s.name = name;
+  s.kind = kind;
+  s.detail = detail;
+  s.fit = 0;
+  s.decisive = true;
+  out.push_back(s);
+}
+
+bool Found::close(const float* a, const float* b, int64_t n) const {
+  return rmse(a, b, n) <= tol * std::max(rms(b, n), 1e-30);
+}
+
+bool Found::has_decisive() const {
+  return std::any_of(out.begin(), out.end(), [](const ErrorSignature& s) { return s.decisive; });
+}
+
+}  // namespace sig
+
+namespace {
+
+using namespace sig;
 
 // Named forms of a factor: "sqrt(Dh) = 4", ...
 std::string recognise(double c, const std::optional<ModelConfig>& cfg) {
@@ -34,23 +76,6 @@ std::string recognise(double c, const std::optional<ModelConfig>& cfg) {
   for (const auto& [label, v] : forms)
     if (std::fabs(c / v - 1.0) < 1e-3) return label;
   return "";
-}
-
-// The "head" view of a tensor: [H, rest] for [H, T, X] tensors, [T, H, X]
-// for [T, H*Dh] projections (H from the config), else none.
-struct Heads {
-  int64_t H = 0, inner = 0;  // heads, contiguous elements per head block
-  int64_t outer = 1;         // blocks before the head axis (T for [T, H*Dh])
-};
-std::optional<Heads> heads_of(const std::string& site, const Shape& shape, const std::optional<ModelConfig>& cfg) {
-  if (shape.size() == 3 && site.rfind("attn.", 0) == 0) return Heads{shape[0], shape[1] * shape[2], 1};
-  if (shape.size() == 2 && cfg && (site == "attn.q" || site == "attn.k" || site == "attn.v" || site == "attn.ctx" ||
-                                   site == "attn.q_norm" || site == "attn.k_norm")) {
-    const int64_t H = site == "attn.q" || site == "attn.ctx" || site == "attn.q_norm" ? cfg->num_attention_heads
-                                                                                     : cfg->num_key_value_heads;
-    if (H > 0 && shape[1] % H == 0) return Heads{H, shape[1] / H, shape[0]};
-  }
-  return std::nullopt;
 }
 
 }  // namespace
@@ -74,25 +99,52 @@ double scaled_rmse(const float* a, const float* b, int64_t n, double k) {
 }
 
 std::vector<ErrorSignature> error_signatures(const std::string& name, const TensorSource& cand,
-                                             const TensorSource& ref, const std::optional<ModelConfig>& cfg) {
-  std::vector<ErrorSignature> out;
-  if (!cand.has(name) || !ref.has(name)) return out;
+                                             const TensorSource& ref, const std::optional<ModelConfig>& cfg,
+                                             const LocalOracle* oracle) {
+  if (!cand.has(name) || !ref.has(name)) return {};
   const TensorData c = cand.get(name), r = ref.get(name);
-  if (c.is_int || r.is_int || c.shape != r.shape || c.f.empty()) return out;
+  if (c.is_int || r.is_int || c.f.empty() || r.f.empty()) return {};
+  Found found;
+  found.name = name;
+  found.cn = parse_name(name);
+  {
+    const std::string& d = cand.manifest().dtype;  // a 16-bit engine's recomputed ops carry its rounding
+    found.tol = d == "bfloat16" ? 1e-2 : d == "float16" ? 2e-3 : kExact;
+  }
+  std::vector<ErrorSignature>& out = found.out;
+  if (c.shape != r.shape) {
+    find_length(found, c, r);
+    return out;
+  }
   const int64_t n = int64_t(c.f.size());
+  // non-finite: NaN/Inf where the reference is finite (no metric applies).
+  {
+    NonFiniteCounts nc;
+    int64_t ref_bad = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = c.f[size_t(i)];
+      if (!std::isfinite(r.f[size_t(i)])) ++ref_bad;
+      if (std::isnan(x)) {
+        if (nc.first_nan < 0) nc.first_nan = i;
+        ++nc.nan;
+      } else if (std::isinf(x)) {
+        ++(x > 0 ? nc.pos_inf : nc.neg_inf);
+      }
+    }
+    if (nc.total() > ref_bad) {
+      found.add_decisive("non-finite", nonfinite_words(nc, c.shape) + " where the reference has " +
+                                           std::to_string(ref_bad) + " non-finite values: an overflow, a division by "
+                                           "zero or an uninitialised read");
+      return out;
+    }
+  }
   const double err = rmse(c.f.data(), r.f.data(), n);
   const double scale = std::max(rms(r.f.data(), n), 1e-30);
   if (err <= kExact * scale) return out;  // nothing to explain
-  const CanonName cn = parse_name(name);
-  auto add = [&](const std::string& kind, const std::string& detail, double left) {
-    ErrorSignature s;
-    s.name = name;
-    s.kind = kind;
-    s.detail = detail;
-    s.fit = left / err;
-    s.decisive = left <= kExact * scale;
-    out.push_back(s);
-  };
+  found.err = err;
+  found.scale = scale;
+  const CanonName& cn = found.cn;
+  auto add = [&](const std::string& kind, const std::string& detail, double left) { found.add(kind, detail, left); };
 
   // precision: the reference's values rounded to a 16-bit grid (an output
   // stored or computed at lower precision, not a formula error).
@@ -108,7 +160,7 @@ std::vector<ErrorSignature> error_signatures(const std::string& name, const Tens
     return out;
   }
 
-  // scale: global, then per head, then per row.
+  // scale: global, then per head, then per channel or row.
   const double k = fit_scale(c.f.data(), r.f.data(), n);
   const double left = scaled_rmse(c.f.data(), r.f.data(), n, k);
   if (left < kFits * err) {
@@ -134,7 +186,7 @@ std::vector<ErrorSignature> error_signatures(const std::string& name, const Tens
       ks[size_t(head)] = fit_scale(pc.data(), pr.data(), m);
       const double l = scaled_rmse(pc.data(), pr.data(), m, ks[size_t(head)]);
       left2 += l * l * double(m);
-      if (rmse(pc.data(), pr.data(), m) > kExact * std::max(rms(pr.data(), m), 1e-30)) wrong_heads.push_back(head);
+      if (rmse(pc.data(), pr.data(), m) > found.tol * std::max(rms(pr.data(), m), 1e-30)) wrong_heads.push_back(head);
     }
     left2 = std::sqrt(left2 / double(n));
     if (!wrong_heads.empty() && int64_t(wrong_heads.size()) < h->H) {
@@ -151,6 +203,15 @@ std::vector<ErrorSignature> error_signatures(const std::string& name, const Tens
           left2);
     }
   }
+  if (!found.has_decisive() && std::none_of(out.begin(), out.end(), [](const ErrorSignature& g) {
+        return g.kind == "scale" || g.kind == "partial";
+      }))
+    find_axis_scale(found, c, r);
+  // Every head wrong: maybe only some of each head's dims.
+  if (!found.has_decisive() && std::none_of(out.begin(), out.end(), [](const ErrorSignature& g) {
+        return g.kind == "partial";
+      }))
+    find_partial_dims(found, c, r, cfg);
 
   // Rows: [T, X] tensors (and [H, T, X] per head) by the position axis.
   const bool rows2 = c.shape.size() == 2, rows3 = c.shape.size() == 3;
@@ -167,7 +228,7 @@ std::vector<ErrorSignature> error_signatures(const std::string& name, const Tens
           e += d * d;
           s += double(r.f[at(h, t, x)]) * r.f[at(h, t, x)];
         }
-      if (std::sqrt(e) > kExact * std::max(std::sqrt(s), 1e-30)) wrong_rows.push_back(t);
+      if (std::sqrt(e) > found.tol * std::max(std::sqrt(s), 1e-30)) wrong_rows.push_back(t);
     }
     if (!wrong_rows.empty() && int64_t(wrong_rows.size()) < T && out.empty()) {
       std::string list;
@@ -192,7 +253,7 @@ std::vector<ErrorSignature> error_signatures(const std::string& name, const Tens
             ++m;
           }
         }
-      if (m > 0 && std::sqrt(e) <= kExact * std::max(std::sqrt(s), 1e-30)) {
+      if (m > 0 && std::sqrt(e) <= found.tol * std::max(std::sqrt(s), 1e-30)) {
         add("shift", "row t holds the reference's row t" + std::string(shift > 0 ? "+" : "") + std::to_string(shift) +
                          " (positions offset by " + std::to_string(shift) + ")",
             0.0);
@@ -200,6 +261,9 @@ std::vector<ErrorSignature> error_signatures(const std::string& name, const Tens
       }
     }
   }
+
+  find_permutation(found, c, r, cfg);
+  if (cn.site == "mask" || cn.site == "attn.probs") find_mask(found, c, r);
 
   // alias: equal to another tensor of the reference at this step (and the
   // layer before, for a layer's input).
@@ -215,7 +279,7 @@ std::vector<ErrorSignature> error_signatures(const std::string& name, const Tens
       const TensorData t = ref.get(other);
       if (t.is_int) continue;
       const double e = rmse(c.f.data(), t.f.data(), n);
-      if (e <= kExact * std::max(rms(t.f.data(), n), 1e-30)) {
+      if (e <= found.tol * std::max(rms(t.f.data(), n), 1e-30)) {
         add("alias", "equals the reference's " + other + " (rmse " + num(e) + "): the op was skipped or its input "
                      "or a sibling taken instead",
             0.0);
@@ -223,6 +287,8 @@ std::vector<ErrorSignature> error_signatures(const std::string& name, const Tens
       }
     }
   }
+  if (!found.has_decisive()) find_elementwise(found, c, r, cand);
+  if (!found.has_decisive() && oracle) find_transposed_weight(found, c, cand, *oracle);
   std::stable_sort(out.begin(), out.end(), [](const ErrorSignature& a, const ErrorSignature& b) {
     return a.decisive != b.decisive ? a.decisive : a.fit < b.fit;
   });

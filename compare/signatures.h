@@ -11,11 +11,27 @@
 //  - alias:   the tensor equals another canonical tensor of the reference at
 //             the same step (its input: the op was skipped; a sibling: k for
 //             v; the residual alone).
+//  - permutation: heads, rows or the dims inside each head in another order
+//             (the class named: reversed, rotated, RoPE pairs re-paired,
+//             halves swapped, or the permutation itself);
+//  - length:  the sequence or cache length differs by k (and which part of
+//             the longer side matches the shorter);
+//  - mask:    the pattern of allowed (query, key) cells differs: no mask, the
+//             causal boundary offset by k, a window of another width;
+//  - elementwise: candidate = f(reference) for another pointwise function
+//             (tanh soft-capping, clamping, relu, |x|) with its fitted
+//             parameter, or mlp.act = f(gate) * up for an activation f other
+//             than SiLU, from the candidate's own gate and up;
+//  - non-finite: NaN/Inf where the reference is finite;
+//  - transposed-weight: the projection recomputed from the candidate's own
+//             input with its weight matrix transposed reproduces it (asked of
+//             the LocalOracle, which holds the weights).
 #pragma once
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "compare/local_error.h"
 #include "dumps/config.h"
 #include "dumps/dump.h"
 
@@ -23,7 +39,8 @@ namespace llmdiff::compare {
 
 struct ErrorSignature {
   std::string name;    // the tensor
-  std::string kind;    // "precision", "scale", "partial", "shift", "alias"
+  std::string kind;    // "precision", "scale", "partial", "shift", "alias", "permutation", "length",
+                       // "mask", "elementwise", "transposed-weight", "non-finite"
   std::string detail;  // one line with the numbers
   // How well it explains the error: the RMSE left after the explanation
   // over the RMSE before it (0: exactly; the smaller, the better).
@@ -35,10 +52,12 @@ struct ErrorSignature {
 double fit_scale(const float* a, const float* b, int64_t n);
 double scaled_rmse(const float* a, const float* b, int64_t n, double k);
 
-// The signatures of `name` (a float tensor both dumps hold with the same
-// shape), best first; empty when none fits. `cfg` (optional) lets scale
-// factors be recognised.
+// The signatures of `name` (a float tensor both dumps hold; of another shape
+// only `length` applies), best first; empty when none fits. `cfg` (optional)
+// lets scale factors be recognised and tensors split into heads; `oracle`
+// (optional) recomputes projections with a transposed weight.
 std::vector<ErrorSignature> error_signatures(const std::string& name, const TensorSource& cand,
-                                             const TensorSource& ref, const std::optional<ModelConfig>& cfg);
+                                             const TensorSource& ref, const std::optional<ModelConfig>& cfg,
+                                             const LocalOracle* oracle = nullptr);
 
 }  // namespace llmdiff::compare

@@ -299,41 +299,139 @@ TEST(BisectLayout, AnEnginesOwnRopeLayoutIsTheFindingNotABug) {
   EXPECT_FALSE(bug.layout.has_value());
 }
 
-// Bugs outside the zoo, made by transforming HF's own dump at one name:
-// the error's signature is reported with its numbers, no zoo bug claimed.
-TEST(BisectSignatures, ErrorsOutsideTheZooGetTheirSignature) {
-  const bisect::ModelOracles& m = oracles("llama-gqa");
-  DumpFile golden(golden_dump("llama-gqa", "decode"));
-  const int64_t Dh = m.model.config.head_dim;
-  struct Case {
-    std::string name, kind, detail;
-    std::function<void(TensorData&, const TensorSource&)> change;
-  };
-  const std::vector<Case> cases = {
-      {"step0.layers.0.attn.scores", "scale", "= sqrt(Dh)",
-       [&](TensorData& t, const TensorSource&) {
-         for (float& x : t.f) x *= float(std::sqrt(double(Dh)));
-       }},
-      {"step0.layers.0.attn_norm", "shift", "row t holds the reference's row t+1",
-       [](TensorData& t, const TensorSource&) {
-         const int64_t T = t.shape[0], X = t.shape[1];
-         for (int64_t r = 0; r + 1 < T; ++r)
-           for (int64_t x = 0; x < X; ++x) t.f[size_t(r * X + x)] = t.f[size_t((r + 1) * X + x)];
-       }},
-      {"step0.layers.0.attn.v", "alias", "step0.layers.0.attn.k",
-       [](TensorData& t, const TensorSource& g) { t.f = g.get("step0.layers.0.attn.k").f; }},
-      {"step0.layers.0.mlp.up", "precision", "rounded to bfloat16",
-       [](TensorData& t, const TensorSource&) {
-         for (float& x : t.f) x = bf16_to_f32(f32_to_bf16(x));
-       }},
-      {"step0.layers.0.attn.q_rope", "partial", "1 of 4 heads wrong (2)",
-       [](TensorData& t, const TensorSource&) {
-         const size_t per = size_t(t.shape[1] * t.shape[2]);
-         for (size_t i = 2 * per; i < 3 * per; ++i) t.f[i] = std::sin(float(i)) * 3.0f;
-       }},
-  };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.name + " " + c.kind);
+// Bugs outside the zoo, made by transforming HF's own dump at one name, on
+// every golden model: the error's signature (kind and parameter) is reported
+// in text, Markdown and JSON, and no zoo bug is claimed.
+struct SignatureCase {
+  std::string name, kind, detail;
+  std::function<void(TensorData&, const TensorSource&)> change;
+  bool headline = true;  // the signature is the diagnosis' finding (basis "signature")
+};
+
+std::vector<SignatureCase> signature_cases(const bisect::ModelOracles& m, const TensorSource& g) {
+  const ModelConfig& cfg = m.model.config;
+  const int64_t Dh = cfg.mla.enabled ? cfg.mla.qk_head_dim() : cfg.head_dim;
+  const bool bf16 = cfg.default_dtype() == ComputeDType::BFloat16;
+  std::vector<SignatureCase> cases;
+  auto garbage = [](float& x, size_t i) { x = std::sin(float(i) * 0.7f) * 3.0f; };
+  cases.push_back({"step0.layers.0.attn.scores", "scale", "= sqrt(Dh)", [Dh](TensorData& t, const TensorSource&) {
+                     for (float& x : t.f) x *= float(std::sqrt(double(Dh)));
+                   }});
+  cases.push_back({"step0.layers.0.attn_norm", "scale", "per channel", [](TensorData& t, const TensorSource&) {
+                     const int64_t X = t.shape[1];
+                     for (size_t i = 0; i < t.f.size(); ++i) t.f[i] *= 1.0f + 0.5f * std::sin(float(int64_t(i) % X));
+                   }});
+  cases.push_back({"step0.layers.0.attn_norm", "shift", "row t holds the reference's row t+1",
+                   [](TensorData& t, const TensorSource&) {
+                     const int64_t T = t.shape[0], X = t.shape[1];
+                     for (int64_t r = 0; r + 1 < T; ++r)
+                       for (int64_t x = 0; x < X; ++x) t.f[size_t(r * X + x)] = t.f[size_t((r + 1) * X + x)];
+                   }});
+  cases.push_back({"step0.layers.1.attn_norm", "alias", "step0.layers.0.out",  // the norm skipped
+                   [](TensorData& t, const TensorSource& g) { t.f = g.get("step0.layers.0.out").f; }});
+  if (g.has("step0.layers.0.attn.v") && g.shape("step0.layers.0.attn.v") == g.shape("step0.layers.0.attn.k"))
+    cases.push_back({"step0.layers.0.attn.v", "alias", "step0.layers.0.attn.k",
+                     [](TensorData& t, const TensorSource& g) { t.f = g.get("step0.layers.0.attn.k").f; }});
+  // A bfloat16 model's values already lie on the bfloat16 grid (and mostly on float16's).
+  if (!bf16)
+    cases.push_back({"step0.layers.0.attn_norm", "precision", "rounded to bfloat16", [](TensorData& t, const TensorSource&) {
+                       for (float& x : t.f) x = bf16_to_f32(f32_to_bf16(x));
+                     }});
+  cases.push_back({"step0.layers.0.attn.q_rope", "partial", "1 of 4 heads wrong (1)", [garbage](TensorData& t, const TensorSource&) {
+                     const size_t per = size_t(t.shape[1] * t.shape[2]);
+                     for (size_t i = per; i < 2 * per; ++i) garbage(t.f[i], i);
+                   }, false});
+  cases.push_back({"step0.layers.0.attn.q_rope", "partial", "(the second half)", [garbage](TensorData& t, const TensorSource&) {
+                     const int64_t X = t.shape[2];
+                     for (size_t i = 0; i < t.f.size(); ++i)
+                       if (int64_t(i) % X >= X / 2) garbage(t.f[i], i);
+                   }, false});
+  cases.push_back({"step0.layers.0.attn.q_rope", "permutation", "heads in another order: head h holds the reference's "
+                   "head p[h], reversed", [](TensorData& t, const TensorSource& g) {
+                     const TensorData r = g.get("step0.layers.0.attn.q_rope");
+                     const int64_t H = t.shape[0], per = t.shape[1] * t.shape[2];
+                     for (int64_t h = 0; h < H; ++h)
+                       std::copy_n(r.f.begin() + (H - 1 - h) * per, per, t.f.begin() + h * per);
+                   }});
+  cases.push_back({"step0.layers.0.attn.q_rope", "permutation", "the two halves of each head swapped",
+                   [](TensorData& t, const TensorSource& g) {
+                     const TensorData r = g.get("step0.layers.0.attn.q_rope");
+                     const int64_t X = t.shape[2];
+                     for (size_t i = 0; i < t.f.size(); ++i) {
+                       const int64_t d = int64_t(i) % X, base = int64_t(i) - d;
+                       t.f[i] = r.f[size_t(base + (d + X / 2) % X)];
+                     }
+                   }});
+  cases.push_back({"step0.layers.0.attn_norm", "permutation", "rows (positions) in another order: row t holds the "
+                   "reference's row p[t], reversed", [](TensorData& t, const TensorSource& g) {
+                     const TensorData r = g.get("step0.layers.0.attn_norm");
+                     const int64_t T = t.shape[0], X = t.shape[1];
+                     for (int64_t row = 0; row < T; ++row)
+                       std::copy_n(r.f.begin() + (T - 1 - row) * X, X, t.f.begin() + row * X);
+                   }});
+  cases.push_back({"step1.layers.0.attn.k_cache", "length", "(+1 key): the first", [](TensorData& t, const TensorSource&) {
+                     // One stale slot read after the cache: S + 1 keys.
+                     const int64_t H = t.shape[0], S = t.shape[1], X = t.shape[2];
+                     std::vector<float> longer(size_t(H * (S + 1) * X), 0.5f);
+                     for (int64_t h = 0; h < H; ++h)
+                       std::copy_n(t.f.begin() + h * S * X, S * X, longer.begin() + h * (S + 1) * X);
+                     t.f = longer;
+                     t.shape[1] = S + 1;
+                   }});
+  cases.push_back({"step1.mask", "mask", "offset by -1 (query t sees keys up to its position - 1): the diagonal is masked",
+                   [](TensorData& t, const TensorSource&) {
+                     const int64_t T = t.shape[0], S = t.shape[1];
+                     for (int64_t r = 0; r < T; ++r) t.f[size_t(r * S + (S - T + r))] = 0.0f;
+                   }});
+  cases.push_back({"step0.mask", "mask", "the last 2 keys (a sliding window of 2)", [](TensorData& t, const TensorSource&) {
+                     const int64_t T = t.shape[0], S = t.shape[1];
+                     for (int64_t r = 0; r < T; ++r)
+                       for (int64_t k = 0; k < S; ++k) t.f[size_t(r * S + k)] = k <= r && k > r - 2 ? 1.0f : 0.0f;
+                   }});
+  if (g.has("step0.layers.0.mlp.act"))
+    cases.push_back({"step0.layers.0.mlp.act", "elementwise", "mlp.act = gelu_tanh(gate) * up",
+                     [bf16](TensorData& t, const TensorSource& g) {
+                       const TensorData gate = g.get("step0.layers.0.mlp.gate"), up = g.get("step0.layers.0.mlp.up");
+                       for (size_t i = 0; i < t.f.size(); ++i) {
+                         const double x = gate.f[i];
+                         const double y = 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))) * up.f[i];
+                         t.f[i] = bf16 ? bf16_to_f32(f32_to_bf16(float(y))) : float(y);
+                       }
+                     }});
+  if (!bf16)
+    cases.push_back({"step0.logits", "elementwise", "soft-capped at", [](TensorData& t, const TensorSource&) {
+                       float cap = 0;
+                       for (float x : t.f) cap = std::max(cap, std::fabs(x));
+                       cap *= 0.5f;
+                       for (float& x : t.f) x = cap * std::tanh(x / cap);
+                     }});
+  // o_proj's [out, in] data read as [in, out] (x W instead of x W^T), from HF's own attn.ctx.
+  cases.push_back({"step0.layers.0.attn.out", "transposed-weight", "weight matrix transposed",
+                   [&m, bf16](TensorData& t, const TensorSource& g) {
+                     const WeightView& o = m.model.weights->layers[0].o;
+                     const TensorData ctx = g.get("step0.layers.0.attn.ctx");
+                     const int64_t out = o.shape[0], in = o.shape[1], T = ctx.shape[0];
+                     std::vector<float> w(size_t(out * in));
+                     o.rows_f32(0, out, w.data());
+                     for (int64_t r = 0; r < T; ++r)
+                       for (int64_t c = 0; c < out; ++c) {
+                         double acc = 0;
+                         for (int64_t i = 0; i < in; ++i) acc += double(ctx.f[size_t(r * in + i)]) * w[size_t(i * out + c)];
+                         t.f[size_t(r * out + c)] = bf16 ? bf16_to_f32(f32_to_bf16(float(acc))) : float(acc);
+                       }
+                   }});
+  return cases;
+}
+
+class BisectSignatures : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(BisectSignatures, ErrorsOutsideTheZooGetTheirSignature) {
+  const std::string model = GetParam();
+  const bisect::ModelOracles& m = oracles(model);
+  DumpFile golden(golden_dump(model, "decode"));
+  for (const SignatureCase& c : signature_cases(m, golden)) {
+    SCOPED_TRACE(model + " " + c.name + " " + c.kind + " (" + c.detail + ")");
+    ASSERT_TRUE(golden.has(c.name));
     MemoryDump cand("transformed");
     cand.mutable_manifest() = golden.manifest();
     for (const auto& n : golden.names()) {
@@ -343,14 +441,60 @@ TEST(BisectSignatures, ErrorsOutsideTheZooGetTheirSignature) {
     }
     BisectResult r = bisect::bisect_candidate(m, cand, BisectOptions{});
     SCOPED_TRACE(describe(r));
+    EXPECT_EQ(r.exit_code(), 1);
     EXPECT_EQ(r.localised_at().value_or(""), c.name);
     EXPECT_FALSE(r.diagnosis.bug);
-    bool found = false;
+    const compare::ErrorSignature* hit = nullptr;
     for (const auto& g : r.diagnosis.signatures)
-      if (g.name == c.name && g.kind == c.kind && g.detail.find(c.detail) != std::string::npos) found = true;
-    EXPECT_TRUE(found);
-    if (c.kind != "partial") {
-      EXPECT_EQ(r.diagnosis.basis, "signature");
+      if (g.name == c.name && g.kind == c.kind && g.detail.find(c.detail) != std::string::npos) hit = &g;
+    ASSERT_TRUE(hit != nullptr);
+    if (c.headline) {
+      EXPECT_TRUE(hit->decisive);
+      EXPECT_TRUE(r.diagnosis.basis == "signature" || r.diagnosis.basis == "layout") << r.diagnosis.basis;
+    }
+    // Reported in every format.
+    const nlohmann::json j = nlohmann::json::parse(compare::render_bisect_json(r));
+    bool in_json = false;
+    for (const auto& s : j["diagnosis"]["signatures"])
+      in_json = in_json || (s["kind"] == c.kind && s["name"] == c.name &&
+                            s["detail"].get<std::string>().find(c.detail) != std::string::npos);
+    EXPECT_TRUE(in_json);
+    EXPECT_NE(compare::render_bisect_markdown(r).find(hit->detail), std::string::npos);
+    EXPECT_NE(compare::render_bisect_table(r).find(hit->detail), std::string::npos);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllGolden, BisectSignatures, ::testing::ValuesIn(golden_models()),
+                         [](const auto& info) {
+                           std::string s = info.param;
+                           for (char& ch : s)
+                             if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return s;
+                         });
+
+// kv-overwrite and mask-square both change the decode mask; the cache length
+// tells them apart: each fingerprint fires on its own bug only, in full and
+// cut-down dumps, and the bisection names the right one.
+TEST(BisectFingerprints, KvOverwriteAndMaskSquareAreToldApart) {
+  const bisect::ModelOracles& m = oracles("llama-gqa");
+  for (const std::string scenario : {"decode", "chunked"}) {
+    for (const std::string bug : {"kv-overwrite", "mask-square"}) {
+      const std::string other = bug == "kv-overwrite" ? "mask-square" : "kv-overwrite";
+      std::unique_ptr<MemoryDump> full = impl_candidate(m, golden_scenario("llama-gqa", scenario), {bug});
+      std::unique_ptr<MemoryDump> cut = cut_down(*full);
+      for (const MemoryDump* cand : {full.get(), cut.get()}) {
+        BisectResult r = bisect::bisect_candidate(m, *cand, BisectOptions{});
+        SCOPED_TRACE(scenario + " " + cand->label() + ": " + describe(r));
+        ASSERT_TRUE(r.diagnosis.bug.has_value());
+        EXPECT_EQ(r.diagnosis.bug->bug, bug);
+        for (const compare::Fingerprint& f : r.diagnosis.fingerprints)
+          EXPECT_FALSE(f.bug == other && f.decisive) << f.evidence;
+        if (cand == full.get()) {
+          bool own = false;
+          for (const compare::Fingerprint& f : r.diagnosis.fingerprints) own = own || (f.bug == bug && f.decisive);
+          EXPECT_TRUE(own);
+        }
+      }
     }
   }
 }

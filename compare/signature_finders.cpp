@@ -1,0 +1,519 @@
+// The structural signature finders: length, permutation, partial dims, mask,
+// elementwise and transposed-weight (compare/signature_finders.h).
+#include "compare/signature_finders.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+
+#include "compare/layout.h"
+#include "compare/noise_floor.h"
+
+namespace llmdiff::compare::sig {
+
+namespace {
+
+// Sites whose axis `axis` runs over keys (the cache length S) rather than
+// over this call's positions.
+bool key_axis(const std::string& site, size_t rank, int axis) {
+  if (site == "mask" || site == "attn.scores" || site == "attn.probs") return axis == int(rank) - 1;
+  if (site == "attn.k_cache" || site == "attn.v_cache" || site == "attn.k_rep" || site == "attn.v_rep")
+    return axis == 1;
+  if (site == "attn.latent_cache" || site == "attn.k_pe_cache") return axis == 0;
+  return false;
+}
+
+// Whether `axis` runs over this call's positions (T): [T, X] tensors, the
+// head-major [H, T, X] attention tensors, MoE's [T, K, D].
+bool position_axis(const std::string& site, size_t rank, int axis) {
+  if (key_axis(site, rank, axis)) return false;
+  if (rank == 3 && site.rfind("attn.", 0) == 0) return axis == 1;
+  return rank >= 2 && axis == 0;
+}
+
+// [start, start+len) along `axis`.
+std::vector<float> slice_axis(const TensorData& t, int axis, int64_t start, int64_t len) {
+  int64_t outer = 1, inner = 1;
+  for (int i = 0; i < axis; ++i) outer *= t.shape[size_t(i)];
+  for (size_t i = size_t(axis) + 1; i < t.shape.size(); ++i) inner *= t.shape[i];
+  const int64_t full = t.shape[size_t(axis)];
+  std::vector<float> out;
+  out.reserve(size_t(outer * len * inner));
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t k = start; k < start + len; ++k) {
+      const float* row = t.f.data() + (o * full + k) * inner;
+      out.insert(out.end(), row, row + inner);
+    }
+  return out;
+}
+
+// "0-3, 7, 9-12": sorted indices as ranges.
+std::string ranges(const std::vector<int64_t>& idx, size_t max_items = 8) {
+  std::string s;
+  size_t items = 0;
+  for (size_t i = 0; i < idx.size();) {
+    size_t j = i;
+    while (j + 1 < idx.size() && idx[j + 1] == idx[j] + 1) ++j;
+    if (items++ == max_items) return s + ", ...";
+    s += (s.empty() ? "" : ", ") + std::to_string(idx[i]) + (j > i ? "-" + std::to_string(idx[j]) : "");
+    i = j + 1;
+  }
+  return s;
+}
+
+// A permutation's class in words: "reversed", "rotated by 1", "neighbours
+// swapped", else the permutation itself.
+std::string permutation_class(const std::vector<int64_t>& p) {
+  const int64_t n = int64_t(p.size());
+  bool reversed = true, swapped = n % 2 == 0;
+  for (int64_t i = 0; i < n; ++i) {
+    reversed = reversed && p[size_t(i)] == n - 1 - i;
+    swapped = swapped && p[size_t(i)] == (i ^ 1);
+  }
+  if (reversed) return "reversed";
+  if (swapped) return "neighbours swapped (0<->1, 2<->3, ...)";
+  for (int64_t k = 1; k < n; ++k) {
+    bool rot = true;
+    for (int64_t i = 0; i < n && rot; ++i) rot = p[size_t(i)] == (i + k) % n;
+    if (rot) return "rotated by " + std::to_string(k) + " (i holds the reference's (i+" + std::to_string(k) + ") mod " +
+                    std::to_string(n) + ")";
+  }
+  std::string s = "[";
+  for (int64_t i = 0; i < n && i < 16; ++i) s += (i ? ", " : "") + std::to_string(p[size_t(i)]);
+  return s + (n > 16 ? ", ...]" : "]");
+}
+
+// Matches each of `n` candidate blocks to a reference block it equals (its
+// own index first); empty when one has none or the mapping is the identity.
+std::vector<int64_t> block_permutation(const Found& f, int64_t n,
+                                       const std::function<std::vector<float>(const TensorData&, int64_t)>& block,
+                                       const TensorData& c, const TensorData& r) {
+  std::vector<std::vector<float>> cb, rb;
+  for (int64_t i = 0; i < n; ++i) {
+    cb.push_back(block(c, i));
+    rb.push_back(block(r, i));
+  }
+  std::vector<int64_t> p(size_t(n), -1);
+  bool identity = true;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t m = int64_t(cb[size_t(i)].size());
+    if (f.close(cb[size_t(i)].data(), rb[size_t(i)].data(), m)) {
+      p[size_t(i)] = i;
+      continue;
+    }
+    identity = false;
+    for (int64_t j = 0; j < n && p[size_t(i)] < 0; ++j)
+      if (j != i && f.close(cb[size_t(i)].data(), rb[size_t(j)].data(), m)) p[size_t(i)] = j;
+    if (p[size_t(i)] < 0) return {};
+  }
+  if (identity) return {};
+  return p;
+}
+
+}  // namespace
+
+void find_length(Found& f, const TensorData& c, const TensorData& r) {
+  if (c.shape.size() != r.shape.size()) return;
+  int axis = -1;
+  for (size_t i = 0; i < c.shape.size(); ++i)
+    if (c.shape[i] != r.shape[i]) {
+      if (axis >= 0) return;  // more than one axis: a layout, not a length
+      axis = int(i);
+    }
+  if (axis < 0) return;
+  const int64_t lc = c.shape[size_t(axis)], lr = r.shape[size_t(axis)], k = lc - lr, m = std::min(lc, lr);
+  const bool keys = key_axis(f.cn.site, c.shape.size(), axis);
+  if (!keys && !position_axis(f.cn.site, c.shape.size(), axis)) return;  // a width: another model or layout
+  const std::string len = keys ? "S" : "T", unit = keys ? "key" : "position";
+  const TensorData& shorter = k > 0 ? r : c;
+  const TensorData& longer = k > 0 ? c : r;
+  const std::vector<float> s = slice_axis(shorter, axis, 0, m);
+  const bool head = m > 0 && f.close(slice_axis(longer, axis, 0, m).data(), s.data(), int64_t(s.size()));
+  const bool tail = m > 0 && !head && f.close(slice_axis(longer, axis, std::abs(k), m).data(), s.data(), int64_t(s.size()));
+  std::string d = len + " = " + std::to_string(lc) + " where the reference has " + std::to_string(lr) + " (" +
+                  (k > 0 ? "+" : "") + std::to_string(k) + " " + unit + (std::abs(k) == 1 ? "" : "s") + ")";
+  if (k > 0 && head)
+    d += ": the first " + std::to_string(m) + " match the reference, the extra " + (k == 1 ? "one is" : "ones are") +
+         " at the end" + (keys ? " (a stale or unwritten cache slot read: a context one too long)" : "");
+  else if (k > 0 && tail)
+    d += ": the last " + std::to_string(m) + " match the reference, the extra " + (k == 1 ? "one is" : "ones are") +
+         " at the start";
+  else if (k < 0 && head)
+    d += ": they match the reference's first " + std::to_string(m) + ", its last " + std::to_string(-k) +
+         " are missing" + (keys ? " (this call's keys were not appended)" : "");
+  else if (k < 0 && tail)
+    d += ": they match the reference's last " + std::to_string(m) + ", its first " + std::to_string(-k) +
+         " are missing" + (keys ? " (only the newest kept: the cache was overwritten or wrapped)" : "");
+  else
+    d += "; no contiguous part matches the reference";
+  if (head || tail) {
+    f.add_decisive("length", d);
+  } else {
+    ErrorSignature g;
+    g.name = f.name;
+    g.kind = "length";
+    g.detail = d;
+    f.out.push_back(g);
+  }
+}
+
+void find_axis_scale(Found& f, const TensorData& c, const TensorData& r) {
+  if (c.shape.size() != 2) return;
+  const int64_t T = c.shape[0], X = c.shape[1];
+  // by channel: k_x over the rows; by row: k_t over the channels (a few
+  // values per fit at least, or any error would fit).
+  for (const bool channel : {true, false}) {
+    if ((channel ? T : X) < 4) continue;
+    const int64_t groups = channel ? X : T, len = channel ? T : X;
+    std::vector<double> ks(static_cast<size_t>(groups), 0.0);
+    std::vector<float> a(static_cast<size_t>(len)), b(static_cast<size_t>(len));
+    double left = 0;
+    for (int64_t g = 0; g < groups; ++g) {
+      for (int64_t i = 0; i < len; ++i) {
+        const size_t at = size_t(channel ? i * X + g : g * X + i);
+        a[size_t(i)] = c.f[at];
+        b[size_t(i)] = r.f[at];
+      }
+      ks[size_t(g)] = fit_scale(a.data(), b.data(), len);
+      const double l = scaled_rmse(a.data(), b.data(), len, ks[size_t(g)]);
+      left += l * l * double(len);
+    }
+    left = std::sqrt(left / double(T * X));
+    if (left >= kFits * f.err) continue;
+    double lo = INFINITY, hi = -INFINITY;
+    for (double k : ks) {
+      lo = std::min(lo, k);
+      hi = std::max(hi, k);
+    }
+    std::string list;
+    for (size_t i = 0; i < ks.size() && i < 6; ++i) list += (i ? ", " : "") + num(ks[i]);
+    f.add("scale", std::string(channel ? "per channel" : "per row") + ": candidate = reference x k with k = [" + list +
+                       (ks.size() > 6 ? ", ..." : "") + "] (from " + num(lo) + " to " + num(hi) + "; rmse after " +
+                       num(left) + ", before " + num(f.err) + ")" +
+                       (channel ? ": a per-channel weight applied wrongly or not at all (a norm's weight?)" : ""),
+          left);
+    return;
+  }
+}
+
+void find_permutation(Found& f, const TensorData& c, const TensorData& r, const std::optional<ModelConfig>& cfg) {
+  if (std::any_of(f.out.begin(), f.out.end(), [](const ErrorSignature& g) { return g.kind == "shift"; })) return;
+  const int64_t n = int64_t(c.f.size());
+  // Heads in another order.
+  if (std::optional<Heads> h = heads_of(f.cn.site, c.shape, cfg); h && h->H > 1) {
+    auto block = [&](const TensorData& t, int64_t head) {
+      std::vector<float> b;
+      b.reserve(size_t(h->outer * h->inner));
+      for (int64_t o = 0; o < h->outer; ++o) {
+        const float* p = t.f.data() + h->at(o, head, 0);
+        b.insert(b.end(), p, p + h->inner);
+      }
+      return b;
+    };
+    std::vector<int64_t> p = block_permutation(f, h->H, block, c, r);
+    if (!p.empty()) {
+      f.add_decisive("permutation", "heads in another order: head h holds the reference's head p[h], " +
+                                        permutation_class(p));
+      return;
+    }
+    // Each head's dims in another order.
+    const int64_t Dh = h->dims;
+    if (Dh >= 2 && Dh % 2 == 0 && n % Dh == 0) {
+      struct Way {
+        std::string what;
+        std::vector<float> v;
+      };
+      std::vector<Way> ways;
+      ways.push_back({"RoPE pairs interleaved (2i, 2i+1) where the reference pairs (i, i+Dh/2): "
+                      "re-paired interleaved->half it matches",
+                      rope_repair(c.f.data(), n, Dh, false)});
+      ways.push_back({"RoPE pairs as halves (i, i+Dh/2) where the reference interleaves (2i, 2i+1): "
+                      "re-paired half->interleaved it matches",
+                      rope_repair(c.f.data(), n, Dh, true)});
+      std::vector<float> swapped(c.f.size()), reversed(c.f.size());
+      for (int64_t b = 0; b < n; b += Dh)
+        for (int64_t d = 0; d < Dh; ++d) {
+          swapped[size_t(b + d)] = c.f[size_t(b + (d + Dh / 2) % Dh)];
+          reversed[size_t(b + d)] = c.f[size_t(b + Dh - 1 - d)];
+        }
+      ways.push_back({"the two halves of each head swapped (dims 0.." + std::to_string(Dh / 2 - 1) + " <-> " +
+                          std::to_string(Dh / 2) + ".." + std::to_string(Dh - 1) + ")",
+                      std::move(swapped)});
+      ways.push_back({"each head's dims reversed", std::move(reversed)});
+      for (const Way& w : ways)
+        if (f.close(w.v.data(), r.f.data(), n)) {
+          f.add_decisive("permutation", "dims inside each head (Dh = " + std::to_string(Dh) + ") in another order: " +
+                                            w.what);
+          return;
+        }
+    }
+  }
+  // Rows (positions) in another order.
+  const bool rows3 = c.shape.size() == 3;
+  if (c.shape.size() == 2 || rows3) {
+    const int64_t H = rows3 ? c.shape[0] : 1, T = rows3 ? c.shape[1] : c.shape[0], X = c.shape.back();
+    if (T < 2) return;
+    auto row = [&](const TensorData& t, int64_t at) {
+      std::vector<float> b;
+      b.reserve(size_t(H * X));
+      for (int64_t h = 0; h < H; ++h) {
+        const float* p = t.f.data() + (h * T + at) * X;
+        b.insert(b.end(), p, p + X);
+      }
+      return b;
+    };
+    std::vector<int64_t> p = block_permutation(f, T, row, c, r);
+    if (!p.empty())
+      f.add_decisive("permutation", "rows (positions) in another order: row t holds the reference's row p[t], " +
+                                        permutation_class(p));
+  }
+}
+
+void find_partial_dims(Found& f, const TensorData& c, const TensorData& r, const std::optional<ModelConfig>& cfg) {
+  const std::optional<Heads> h = heads_of(f.cn.site, c.shape, cfg);
+  if (!h || h->dims < 2) return;
+  const int64_t Dh = h->dims, n = int64_t(c.f.size());
+  std::vector<double> e(static_cast<size_t>(Dh), 0.0), s(static_cast<size_t>(Dh), 0.0);
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = double(c.f[size_t(i)]) - r.f[size_t(i)];
+    e[size_t(i % Dh)] += d * d;
+    s[size_t(i % Dh)] += double(r.f[size_t(i)]) * r.f[size_t(i)];
+  }
+  std::vector<int64_t> wrong;
+  for (int64_t d = 0; d < Dh; ++d)
+    if (std::sqrt(e[size_t(d)]) > f.tol * std::max(std::sqrt(s[size_t(d)]), 1e-30)) wrong.push_back(d);
+  if (wrong.empty() || int64_t(wrong.size()) == Dh) return;
+  std::string which;
+  if (int64_t(wrong.size()) == Dh / 2 && wrong.front() == Dh / 2 && wrong.back() == Dh - 1) which = " (the second half)";
+  if (int64_t(wrong.size()) == Dh / 2 && wrong.front() == 0 && wrong.back() == Dh / 2 - 1) which = " (the first half)";
+  f.add("partial", std::to_string(wrong.size()) + " of " + std::to_string(Dh) + " dims of every head wrong: " +
+                       ranges(wrong) + which + "; the others match the reference",
+        f.err);
+}
+
+void find_mask(Found& f, const TensorData& c, const TensorData& r) {
+  const size_t rank = c.shape.size();
+  if (rank != 2 && rank != 3) return;
+  const int64_t H = rank == 3 ? c.shape[0] : 1, T = c.shape[rank - 2], S = c.shape[rank - 1];
+  // allowed[t*S+s]: some head has a nonzero value there.
+  auto allowed = [&](const TensorData& t) {
+    std::vector<char> a(size_t(T * S), 0);
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < T * S; ++i)
+        if (t.f[size_t(h * T * S + i)] != 0.0f) a[size_t(i)] = 1;
+    return a;
+  };
+  const std::vector<char> ac = allowed(c), ar = allowed(r);
+  if (ac == ar) return;  // the same cells: the values differ, not the mask
+  struct Band {
+    int64_t lo = 0, hi = -1;  // allowed keys [lo, hi]
+    bool interval = true;
+  };
+  auto bands = [&](const std::vector<char>& a) {
+    std::vector<Band> out(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) {
+      Band& b = out[size_t(t)];
+      int64_t count = 0;
+      b.lo = S;
+      for (int64_t s = 0; s < S; ++s)
+        if (a[size_t(t * S + s)]) {
+          b.lo = std::min(b.lo, s);
+          b.hi = s;
+          ++count;
+        }
+      b.interval = count == 0 || count == b.hi - b.lo + 1;
+    }
+    return out;
+  };
+  const std::vector<Band> bc = bands(ac), br = bands(ar);
+  int64_t differ = 0, first = -1;
+  for (int64_t i = 0; i < T * S; ++i)
+    if (ac[size_t(i)] != ar[size_t(i)]) {
+      ++differ;
+      if (first < 0) first = i / S;
+    }
+  const std::string cells = std::to_string(differ) + " of " + std::to_string(T * S) + " (query, key) cells differ";
+  if (std::all_of(ac.begin(), ac.end(), [](char x) { return x != 0; })) {
+    f.add_decisive("mask", "every key allowed for every query (no mask), where the reference masks " +
+                               std::to_string(differ) + " cells");
+    return;
+  }
+  bool clean = true, dlo_const = true, dhi_const = true;
+  int64_t dlo = 0, dhi = 0, rows = 0;
+  for (int64_t t = 0; t < T && clean; ++t) {
+    const Band &x = bc[size_t(t)], &y = br[size_t(t)];
+    clean = x.interval && y.interval && x.hi >= x.lo && y.hi >= y.lo;
+    if (!clean) break;
+    if (rows++ == 0) {
+      dlo = x.lo - y.lo;
+      dhi = x.hi - y.hi;
+    }
+    dlo_const = dlo_const && x.lo - y.lo == dlo;
+    dhi_const = dhi_const && x.hi - y.hi == dhi;
+  }
+  auto width = [&](const std::vector<Band>& b, bool* limited) {  // widest band; limited: some row starts after key 0
+    int64_t w = 0;
+    *limited = false;
+    for (const Band& x : b) {
+      w = std::max(w, x.hi - x.lo + 1);
+      *limited = *limited || x.lo > 0;
+    }
+    return w;
+  };
+  if (clean && dhi_const && dhi != 0 && dlo_const && dlo == 0) {
+    std::string what = dhi == -1  ? ": the diagonal is masked (a query does not see its own key)"
+                       : dhi > 0 ? ": " + std::to_string(dhi) + " future key" + (dhi == 1 ? "" : "s") + " visible"
+                                 : ": the newest " + std::to_string(-dhi) + " keys hidden";
+    f.add_decisive("mask", "the causal boundary is offset by " + std::string(dhi > 0 ? "+" : "") +
+                               std::to_string(dhi) + " (query t sees keys up to " +
+                               (dhi > 0 ? "its position + " + std::to_string(dhi) : "its position - " + std::to_string(-dhi)) +
+                               ")" + what + "; " + cells);
+    return;
+  }
+  if (clean && dhi_const && dhi == 0) {
+    bool lc = false, lr = false;
+    const int64_t wc = width(bc, &lc), wr = width(br, &lr);
+    std::string d = "the window differs: the candidate attends to " +
+                    (lc ? "the last " + std::to_string(wc) + " keys (a sliding window of " + std::to_string(wc) + ")"
+                        : std::string("every earlier key")) +
+                    ", the reference to " +
+                    (lr ? "the last " + std::to_string(wr) + " keys (a window of " + std::to_string(wr) + ")"
+                        : std::string("every earlier key"));
+    if (lc && lr) d += ", off by " + std::string(wc > wr ? "+" : "") + std::to_string(wc - wr);
+    f.add_decisive("mask", d + "; " + cells);
+    return;
+  }
+  if (clean && dhi_const && dlo_const) {
+    f.add_decisive("mask", "the allowed band is shifted by " + std::to_string(dhi) + " keys; " + cells);
+    return;
+  }
+  std::string d = cells + ", first at query " + std::to_string(first);
+  if (S <= 64) {
+    std::string rc, rr;
+    for (int64_t s = 0; s < S; ++s) {
+      rc += ac[size_t(first * S + s)] ? '1' : '0';
+      rr += ar[size_t(first * S + s)] ? '1' : '0';
+    }
+    d += " (allowed keys: candidate " + rc + ", reference " + rr + ")";
+  }
+  ErrorSignature g;
+  g.name = f.name;
+  g.kind = "mask";
+  g.detail = d;
+  f.out.push_back(g);
+}
+
+void find_elementwise(Found& f, const TensorData& c, const TensorData& r, const TensorSource& cand) {
+  const int64_t n = int64_t(c.f.size());
+  std::vector<float> y(c.f.size());
+  auto fits = [&](const std::function<double(double)>& fn, const TensorData& x) {
+    for (int64_t i = 0; i < n; ++i) y[size_t(i)] = float(fn(double(x.f[size_t(i)])));
+    return f.close(c.f.data(), y.data(), n);
+  };
+  // mlp.act from the candidate's own gate and up.
+  if (f.cn.site == "mlp.act" && f.cn.kind == CanonName::Kind::Layer) {
+    const std::string prefix = f.name.substr(0, f.name.size() - std::string("act").size());
+    if (cand.has(prefix + "gate") && cand.has(prefix + "up")) {
+      const TensorData g = cand.get(prefix + "gate"), u = cand.get(prefix + "up");
+      if (!g.is_int && !u.is_int && g.shape == c.shape && u.shape == c.shape) {
+        const double kPi = 3.14159265358979323846;
+        const std::vector<std::pair<std::string, std::function<double(double)>>> acts = {
+            {"silu", [](double x) { return x / (1 + std::exp(-x)); }},
+            {"gelu", [](double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }},
+            {"gelu_tanh",
+             [&](double x) { return 0.5 * x * (1 + std::tanh(std::sqrt(2 / kPi) * (x + 0.044715 * x * x * x))); }},
+            {"relu", [](double x) { return x > 0 ? x : 0; }},
+            {"sigmoid", [](double x) { return 1 / (1 + std::exp(-x)); }},
+            {"tanh", [](double x) { return std::tanh(x); }},
+            {"identity", [](double x) { return x; }}};
+        auto left = [&](const std::function<double(double)>& fn, bool times_up) {
+          for (int64_t i = 0; i < n; ++i)
+            y[size_t(i)] = float(fn(double(g.f[size_t(i)])) * (times_up ? double(u.f[size_t(i)]) : 1.0));
+          return f.close(c.f.data(), y.data(), n) ? rmse(c.f.data(), y.data(), n) : INFINITY;
+        };
+        // The closest function within the candidate's rounding (gelu and
+        // its tanh form differ by less than bfloat16's).
+        size_t best = 0;
+        double best_left = INFINITY;
+        for (size_t a = 0; a < acts.size(); ++a)
+          if (const double l = left(acts[a].second, true); l < best_left) {
+            best = a;
+            best_left = l;
+          }
+        if (best == 0 && std::isfinite(best_left)) return;  // silu(gate) * up: the op is right
+        if (std::isfinite(best_left)) {
+          f.add_decisive("elementwise", "mlp.act = " + acts[best].first + "(gate) * up from the candidate's own gate "
+                                        "and up, where the model's activation is silu: another activation function");
+          return;
+        }
+        if (std::isfinite(left(acts[0].second, false))) {
+          f.add_decisive("elementwise", "mlp.act = silu(gate) from the candidate's own gate: the product with up is "
+                                        "missing");
+          return;
+        }
+      }
+    }
+  }
+  // candidate = f(reference).
+  double mc = 0, mr = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    mc = std::max(mc, double(std::fabs(c.f[size_t(i)])));
+    mr = std::max(mr, double(std::fabs(r.f[size_t(i)])));
+  }
+  if (fits([](double x) { return x > 0 ? x : 0; }, r)) {
+    f.add_decisive("elementwise", "candidate = relu(reference): the negative values are zeroed");
+    return;
+  }
+  if (fits([](double x) { return std::fabs(x); }, r)) {
+    f.add_decisive("elementwise", "candidate = |reference|: the signs are lost");
+    return;
+  }
+  if (mc <= 0 || mc >= mr) return;
+  if (fits([&](double x) { return std::clamp(x, -mc, mc); }, r)) {
+    f.add_decisive("elementwise", "candidate = clamp(reference, -" + num(mc) + ", " + num(mc) + "): values beyond " +
+                                      num(mc) + " are clipped");
+    return;
+  }
+  // tanh soft-capping c * tanh(x / c): the cap fitted on a log scale.
+  auto left = [&](double cap) {
+    double s = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double d = double(c.f[size_t(i)]) - cap * std::tanh(double(r.f[size_t(i)]) / cap);
+      s += d * d;
+    }
+    return std::sqrt(s / double(n));
+  };
+  double lo = std::log(mc), hi = std::log(std::max(mc, mr) * 1e3);
+  const double phi = (std::sqrt(5.0) - 1) / 2;
+  for (int it = 0; it < 100; ++it) {
+    const double a = hi - phi * (hi - lo), b = lo + phi * (hi - lo);
+    if (left(std::exp(a)) < left(std::exp(b)))
+      hi = b;
+    else
+      lo = a;
+  }
+  const double cap = std::exp((lo + hi) / 2), l = left(cap);
+  if (l < kFits * f.err)
+    f.add("elementwise", "candidate = " + num(cap) + " * tanh(reference / " + num(cap) + "): soft-capped at " +
+                             num(cap) + " (rmse after " + num(l) + ", before " + num(f.err) + ")",
+          l);
+}
+
+void find_transposed_weight(Found& f, const TensorData& c, const TensorSource& cand, const LocalOracle& oracle) {
+  const std::optional<std::vector<float>> p = oracle.transposed_weight(cand, f.name);
+  if (!p || p->size() != c.f.size()) return;
+  const int64_t n = int64_t(c.f.size());
+  const double e = rmse(c.f.data(), p->data(), n), s = rms(p->data(), n);
+  // Within 16-bit rounding of the product, and far closer than the reference.
+  if (e > 2e-2 * std::max(s, 1e-30) || e > kFits * f.err) return;
+  ErrorSignature g;
+  g.name = f.name;
+  g.kind = "transposed-weight";
+  g.detail = "equals the projection recomputed from the candidate's own input with the weight matrix transposed "
+             "(its [out, in] data read as [in, out]: x W where HF computes x W^T; rmse " + num(e) + ", error before " + num(f.err) + ")";
+  g.fit = e / f.err;
+  g.decisive = true;
+  f.out.push_back(g);
+}
+
+}  // namespace llmdiff::compare::sig

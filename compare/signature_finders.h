@@ -1,0 +1,65 @@
+// The finders behind error_signatures (compare/signatures.h), one per kind
+// or family of kinds, and what they share. Internal to compare/.
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "compare/local_error.h"
+#include "compare/signatures.h"
+#include "dumps/config.h"
+#include "dumps/dump.h"
+#include "dumps/names.h"
+
+namespace llmdiff::compare::sig {
+
+// "Explained": what is left is float32 rounding of the tensor's scale.
+constexpr double kExact = 1e-5;  // residual RMS / RMS of the reference
+constexpr double kFits = 1e-2;   // residual / error before: a partial explanation
+
+std::string num(double v);  // "%.4g"
+
+// The "head" view of a tensor: [H, rest] for [H, T, X] tensors, [T, H, X]
+// for [T, H*Dh] projections (H from the config), else none.
+struct Heads {
+  int64_t H = 0, inner = 0;  // heads, contiguous elements per head block
+  int64_t outer = 1;         // blocks before the head axis (T for [T, H*Dh])
+  int64_t dims = 0;          // the head dim (X of [H, T, X], Dh of [T, H*Dh])
+  int64_t at(int64_t o, int64_t h, int64_t i) const { return (o * H + h) * inner + i; }
+};
+std::optional<Heads> heads_of(const std::string& site, const Shape& shape, const std::optional<ModelConfig>& cfg);
+
+// The signatures found for one name, with the error they are judged against.
+struct Found {
+  std::string name;
+  CanonName cn;
+  double err = 0;    // rmse candidate vs reference
+  double scale = 0;  // rms of the reference
+  // Relative RMSE within which a recomputed value counts as the candidate's
+  // (its own rounding: kExact for float32, the 16-bit types' epsilon).
+  double tol = kExact;
+  bool close(const float* a, const float* b, int64_t n) const;
+  std::vector<ErrorSignature> out;
+  // `left`: the rmse that remains after the explanation.
+  void add(const std::string& kind, const std::string& detail, double left);
+  // A finding that describes the error rather than fitting its values.
+  void add_decisive(const std::string& kind, const std::string& detail);
+  bool has_decisive() const;
+};
+
+// Shapes differ: the length along one axis (tensors of one rank).
+void find_length(Found& f, const TensorData& c, const TensorData& r);
+// [T, X] tensors: candidate = reference x k per channel (column) or per row.
+void find_axis_scale(Found& f, const TensorData& c, const TensorData& r);
+// Heads, rows, or each head's dims reordered.
+void find_permutation(Found& f, const TensorData& c, const TensorData& r, const std::optional<ModelConfig>& cfg);
+// Which dims of each head are wrong (all heads wrong, some dims right).
+void find_partial_dims(Found& f, const TensorData& c, const TensorData& r, const std::optional<ModelConfig>& cfg);
+// `mask` and `attn.probs`: the allowed (query, key) cells.
+void find_mask(Found& f, const TensorData& c, const TensorData& r);
+// candidate = f(reference), or mlp.act from the candidate's own gate and up.
+void find_elementwise(Found& f, const TensorData& c, const TensorData& r, const TensorSource& cand);
+// The projection with its weight transposed reproduces the candidate.
+void find_transposed_weight(Found& f, const TensorData& c, const TensorSource& cand, const LocalOracle& oracle);
+
+}  // namespace llmdiff::compare::sig
