@@ -1,4 +1,5 @@
 #include "bisect/pipeline.h"
+#include "dumps/consistency.h"
 
 #include <malloc.h>
 #include <torch/torch.h>
@@ -298,6 +299,7 @@ compare::BisectResult bisect_candidate(const ModelOracles& m, const TensorSource
   // Between phases, the heap's free memory goes back to the system: each
   // phase frees a model's worth of activations in pieces under the mmap
   // threshold (cli/main.cpp), which glibc would otherwise keep.
+  check_dump_against_model(cand, m.model.config);  // another model, tokens outside the vocabulary, ...
   opt.progress = [report = std::move(opt.progress)](const std::string& what) {
     malloc_trim(0);
     if (report) report(what);
