@@ -4,6 +4,7 @@
 
 #include "compare/bisect_report.h"
 #include "compare/report.h"
+#include "compare/report_html.h"
 #include "dumps/files.h"
 #include "compare/tolerance.h"
 
@@ -21,6 +22,9 @@ void add_bisect_cli_options(CLI::App& sub, BisectCliOptions& o) {
   sub.add_flag("--json", o.json, "print the result as JSON (schema llmdiff.bisect/1, see compare/README.md)");
   sub.add_flag("--all", o.all, "list every local site and every hypothesis tested");
   sub.add_option("--report", o.report, "also write a Markdown bisection report to this file");
+  sub.add_option("--html", o.html,
+                 "also write a self-contained HTML report to this file (verdict, diagnosis, error-growth chart, "
+                 "heatmap of the localised tensor's error, sortable tables)");
   sub.add_option("--threads", o.threads, "threads (default: all cores)")->check(CLI::NonNegativeNumber);
   sub.add_flag("--verbose", o.verbose, "print each phase as it ends, with the elapsed time and peak memory, on stderr");
 }
@@ -40,6 +44,7 @@ compare::BisectOptions bisect_options(const BisectCliOptions& o, const PhaseLog*
 
 int emit_bisect(const compare::BisectResult& r, const BisectCliOptions& o) {
   if (!o.report.empty()) write_file_atomic(o.report, compare::render_bisect_markdown(r));
+  if (!o.html.empty()) write_file_atomic(o.html, compare::render_bisect_html(r));
   compare::BisectTableOptions t;
   t.all = o.all;
   const std::string text = o.json ? compare::render_bisect_json(r) : compare::render_bisect_table(r, t);

@@ -19,13 +19,14 @@ struct BisectCliOptions {
   bool no_noise_floor = false, no_local = false, no_diagnose = false;
   bool json = false, all = false;
   std::string report;               // --report FILE.md
+  std::string html;                 // --html FILE.html
   int threads = 0;
   bool verbose = false;             // --verbose: phase timings on stderr
 };
 void add_bisect_cli_options(CLI::App& sub, BisectCliOptions& o);
 // `log` (when enabled) receives the pipeline's phases.
 compare::BisectOptions bisect_options(const BisectCliOptions& o, const PhaseLog* log = nullptr);
-// Prints the result (table or JSON), writes the Markdown report if asked;
+// Prints the result (table or JSON), writes the Markdown and HTML reports if asked;
 // returns the exit code (0 within tolerance, 1 divergence).
 int emit_bisect(const compare::BisectResult& r, const BisectCliOptions& o);
 

@@ -1,5 +1,5 @@
 // llmdiff bisect --model DIR CANDIDATE [--no-noise-floor] [--no-local]
-//   [--no-diagnose] [--json] [--all] [--report FILE.md] [--sites GLOB,...]
+//   [--no-diagnose] [--json] [--all] [--report FILE.md] [--html FILE.html] [--sites GLOB,...]
 //   [--tol GLOB=SPEC]... [--rtol X] [--atol X] [--threads N]
 // An external dump (any producer) against the ref: the candidate's own
 // forward calls are replayed through the ref at the candidate's compute dtype

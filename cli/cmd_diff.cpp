@@ -1,5 +1,5 @@
 // llmdiff diff A B [--rtol R] [--atol A] [--tol GLOB=SPEC]... [--dtype D]
-//   [--sites GLOB,...] [--json] [--report FILE.md] [--all] [--no-layouts]
+//   [--sites GLOB,...] [--json] [--report FILE.md] [--html FILE.html] [--all] [--no-layouts]
 // Compares two dumps name by name (A = reference, B = candidate): per-tensor
 // metrics against tolerances, names only one side holds, the first
 // divergence, the per-layer error trace and greedy-token agreement.
@@ -11,6 +11,7 @@
 #include "cli/common.h"
 #include "compare/compare.h"
 #include "compare/report.h"
+#include "compare/report_html.h"
 #include "dumps/config.h"
 #include "dumps/dump.h"
 #include "dumps/errors.h"
@@ -23,7 +24,7 @@ struct DiffOptions {
   CLI::Option* rtol_opt = nullptr;
   CLI::Option* atol_opt = nullptr;
   std::vector<std::string> tol;
-  std::string dtype, sites, report;
+  std::string dtype, sites, report, html;
   bool json = false, all = false, no_layouts = false;
 };
 
@@ -55,6 +56,7 @@ int run_diff(const DiffOptions& o) {
     std::fputs(compare::render_diff_table(r, to).c_str(), stdout);
   }
   if (!o.report.empty()) write_side_output(o.report, compare::render_diff_markdown(r), "report", o.json);
+  if (!o.html.empty()) write_side_output(o.html, compare::render_diff_html(r), "HTML report", o.json);
   if (!o.json && !r.ok())
     std::fputs("note: float rounding and a real bug can look alike by any fixed tolerance; with the model at hand, "
                "`llmdiff bisect --model DIR B` judges each name against a float64 noise floor and names the op\n",
@@ -82,6 +84,8 @@ void setup_diff(CLI::App& app, Action& action) {
   sub->add_option("--sites", o->sites, "compare only names matching these globs, comma separated");
   sub->add_flag("--json", o->json, "print the result as JSON (schema llmdiff.diff/1, see compare/README.md)");
   sub->add_option("--report", o->report, "also write a Markdown report to this file");
+  sub->add_option("--html", o->html, "also write a self-contained HTML report to this file (error-growth chart, "
+                                     "heatmap of the first divergence, sortable tables)");
   sub->add_flag("--all", o->all, "print every tensor and every trace row, not only the failing ones");
   sub->add_flag("--no-layouts", o->no_layouts, "skip the search for layout explanations of mismatches");
   sub->callback([o, &action] { action = [o] { return run_diff(*o); }; });

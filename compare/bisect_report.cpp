@@ -458,4 +458,8 @@ std::string render_bisect_markdown(const BisectResult& r) {
   return o;
 }
 
+std::string bisect_criterion_text(const BisectResult& r) { return criterion_text(r); }
+std::string divergence_line(const TensorComparison& t) { return divergence_text(t); }
+std::string local_error_line(const LocalSite& s) { return local_text(s); }
+
 }  // namespace llmdiff::compare

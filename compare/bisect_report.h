@@ -20,4 +20,11 @@ nlohmann::json bisect_to_json(const BisectResult& r);
 std::string render_bisect_json(const BisectResult& r);  // bisect_to_json, indented, newline-terminated
 std::string render_bisect_markdown(const BisectResult& r);
 
+// One-line texts the renderers share, each with its numbers and thresholds:
+// the criterion, a global divergence ("rmse vs float64 1.2e-01 > threshold
+// 3.1e-07 (max err ...)"), a local verdict ("local rmse ... > ...").
+std::string bisect_criterion_text(const BisectResult& r);
+std::string divergence_line(const TensorComparison& t);
+std::string local_error_line(const LocalSite& s);
+
 }  // namespace llmdiff::compare

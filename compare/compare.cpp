@@ -511,6 +511,10 @@ DiffResult compare_dumps(const TensorSource& ref, const TensorSource& cand, cons
       r.first_divergence = k;
       break;
     }
+  // The heatmap: the first divergence, or the first diverging name whose
+  // shapes agree when it is a shape mismatch.
+  for (const TensorComparison& t : r.tensors)
+    if (!t.pass && t.shape_match && (r.heatmap = error_heatmap(t.name, ref, cand))) break;
   if (r.tensors.empty()) r.notes.push_back("the dumps have no name in common (after the --sites filter)");
   r.layer_trace = build_layer_trace(r.tensors);
   r.greedy = greedy_over_steps(ref, cand, std::max(r.ref.steps, r.cand.steps));

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "compare/heatmap.h"
 #include "compare/layout.h"
 #include "compare/metrics.h"
 #include "compare/tolerance.h"
@@ -159,6 +160,7 @@ struct DiffResult {
   std::vector<LayerTrace> layer_trace;         // by step, then part/layer
   GreedyAgreement greedy;
   std::vector<std::string> notes;              // dump-level remarks (config differences, ...)
+  std::optional<ErrorHeatmap> heatmap;         // the error at the first diverging name whose shapes agree
 
   size_t failing() const;
   size_t passing() const { return tensors.size() - failing(); }

@@ -1131,6 +1131,8 @@ BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, 
     r.diagnosis.focus = r.localised_at().value_or("");
     r.diagnosis.evidence = "diagnosis not requested";
   }
+  if (const std::optional<std::string> at = r.localised_at()) r.heatmap = error_heatmap(*at, *ref, cand);
+  if (!r.heatmap) r.heatmap = r.global.heatmap;
   return r;
 }
 

@@ -157,6 +157,9 @@ struct BisectResult {
   // after one and the same layout transform (an engine's own layout, e.g.
   // llama.cpp's q/k rows permuted for interleaved RoPE): that transform.
   std::optional<LayoutFinding> layout;
+  // The error where it originates (localised_at(); else global.heatmap:
+  // the first diverging name whose shapes agree), for the HTML report.
+  std::optional<ErrorHeatmap> heatmap;
   // The first divergent name (global), the first local failure.
   std::optional<std::string> first_divergence() const;
   std::optional<std::string> first_local_failure() const;
