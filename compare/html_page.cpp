@@ -120,20 +120,21 @@ std::string chart_section(const DiffResult& global, const LocalReport* local) {
     const TensorComparison& t = global.tensors[k];
     json p = {{"n", t.name}, {"s", site_of(t.parsed, t.name)}, {"st", t.parsed.step}, {"l", t.parsed.layer},
               {"f", !t.pass}};
-    const bool ratio = t.judgement.judged && t.shape_match && t.judgement.threshold > 0;
-    if (ratio)
+    // An informational name or an exact integer match has no global ratio
+    // to draw ("r" absent), a mismatch no finite one (null).
+    if (t.judgement.judged && t.shape_match && t.judgement.threshold > 0)
       p["r"] = short_num(t.judgement.value / t.judgement.threshold);
-    else if (t.pass)
-      continue;  // informational, or an exact integer match: no ratio to draw
-    else
+    else if (!t.pass)
       p["r"] = nullptr;
     if (local && local->ran)
       if (const LocalSite* s = local->find(t.name)) {
-        const bool float_site = s->shape_match && !s->is_int;
-        p["lr"] = float_site ? short_num(s->noise.ratio()) : json(nullptr);
+        if (s->shape_match && !s->is_int)
+          p["lr"] = short_num(s->noise.ratio());
+        else if (!s->pass)
+          p["lr"] = nullptr;
         p["lf"] = !s->pass;
-        if (!float_site && s->pass) p.erase("lr");
       }
+    if (!p.contains("r") && !p.contains("lr")) continue;  // nothing to draw
     if (global.first_divergence && *global.first_divergence == k) first = int(points.size());
     if (lfirst && lfirst->name == t.name) local_first = int(points.size());
     points.push_back(std::move(p));
