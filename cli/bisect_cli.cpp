@@ -1,5 +1,6 @@
 #include "cli/bisect_cli.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "compare/bisect_report.h"
@@ -42,15 +43,26 @@ compare::BisectOptions bisect_options(const BisectCliOptions& o, const PhaseLog*
   return b;
 }
 
-int emit_bisect(const compare::BisectResult& r, const BisectCliOptions& o) {
+int emit_bisect(const compare::BisectResult& r, const BisectCliOptions& o, const compare::SamplingCheck* sampling) {
+  const bool sampler_fails = sampling && sampling->verdict == compare::SamplingCheck::Verdict::Fail;
+  const int code = std::max(r.exit_code(), sampler_fails ? 1 : 0);
   if (!o.report.empty()) write_file_atomic(o.report, compare::render_bisect_markdown(r));
   if (!o.html.empty()) write_file_atomic(o.html, compare::render_bisect_html(r));
-  compare::BisectTableOptions t;
-  t.all = o.all;
-  const std::string text = o.json ? compare::render_bisect_json(r) : compare::render_bisect_table(r, t);
+  std::string text;
+  if (o.json) {
+    nlohmann::json j = compare::bisect_to_json(r);
+    if (sampling) j["sampling"] = compare::sampling_check_to_json(*sampling);
+    j["exit_code"] = code;
+    text = j.dump(2) + "\n";
+  } else {
+    compare::BisectTableOptions t;
+    t.all = o.all;
+    text = compare::render_bisect_table(r, t);
+    if (sampling) text += "\n" + compare::render_sampling_check(*sampling);
+  }
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fflush(stdout);
-  return r.exit_code();
+  return code;
 }
 
 }  // namespace llmdiff::cli

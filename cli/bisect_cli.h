@@ -8,6 +8,7 @@
 #include "bisect/pipeline.h"
 #include "cli/common.h"
 #include "compare/diagnose.h"
+#include "compare/sampling_check.h"
 
 namespace llmdiff::cli {
 
@@ -26,8 +27,12 @@ struct BisectCliOptions {
 void add_bisect_cli_options(CLI::App& sub, BisectCliOptions& o);
 // `log` (when enabled) receives the pipeline's phases.
 compare::BisectOptions bisect_options(const BisectCliOptions& o, const PhaseLog* log = nullptr);
-// Prints the result (table or JSON), writes the Markdown and HTML reports if asked;
-// returns the exit code (0 within tolerance, 1 divergence).
-int emit_bisect(const compare::BisectResult& r, const BisectCliOptions& o);
+// Prints the result (table or JSON), writes the Markdown and HTML reports if
+// asked; returns the exit code (0 within tolerance, 1 divergence).
+// `sampling` (when the candidate samples): its sampler check, printed after
+// the table or added to the JSON as "sampling"; a failing sampler makes the
+// exit code 1.
+int emit_bisect(const compare::BisectResult& r, const BisectCliOptions& o,
+                const compare::SamplingCheck* sampling = nullptr);
 
 }  // namespace llmdiff::cli

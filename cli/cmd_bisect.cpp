@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/bisect_cli.h"
 #include <algorithm>
+#include <optional>
 #include <iostream>
 
 #include "compare/sampling_check.h"
@@ -31,22 +32,17 @@ int run_bisect(const BisectCommandOptions& o) {
   bisect::ModelOracles m(o.model, o.bisect.threads);
   log("model loaded");
   compare::BisectResult r = bisect::bisect_candidate(m, cand, bisect_options(o.bisect, &log));
-  int code = emit_bisect(r, o.bisect);
-  std::ostream& extra = o.bisect.json ? std::cerr : std::cout;
   // A candidate that samples: its sampler against HF's processors applied to
   // its own next_logits (a model bug is not a sampler bug).
-  bool samples = false;
+  std::optional<compare::SamplingCheck> sampling;
   for (const std::string& n : cand.names())
     if (n.find(".sample.") != std::string::npos) {
-      samples = true;
+      sampling = compare::check_sampling(cand);
+      log("sampling check");
       break;
     }
-  if (samples) {
-    const compare::SamplingCheck c = compare::check_sampling(cand);
-    log("sampling check");
-    extra << "\n" << compare::render_sampling_check(c);
-    if (c.verdict == compare::SamplingCheck::Verdict::Fail) code = std::max(code, 1);
-  }
+  const int code = emit_bisect(r, o.bisect, sampling ? &*sampling : nullptr);
+  std::ostream& extra = o.bisect.json ? std::cerr : std::cout;
   if (!o.source.empty()) {
     const compare::QuantErrorReport q = bisect::quantisation_report(m, o.source, cand);
     log("quantisation error against --source");

@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "compare/report.h"
 #include "dumps/bugs.h"
 #include "dumps/engine.h"
 #include "dumps/errors.h"
@@ -410,6 +411,47 @@ std::string render_sampling_check(const SamplingCheck& c) {
          std::to_string(m.steps_departing) + " step(s)\n";
   }
   return s;
+}
+
+}  // namespace llmdiff::compare
+
+namespace llmdiff::compare {
+
+nlohmann::json sampling_check_to_json(const SamplingCheck& c) {
+  using nlohmann::json;
+  const char* verdict = c.verdict == SamplingCheck::Verdict::Pass   ? "pass"
+                        : c.verdict == SamplingCheck::Verdict::Fail ? "fail"
+                                                                    : "nothing to check";
+  json j = {{"verdict", verdict},
+            {"checked_steps", c.checked_steps()},
+            {"failing_steps", c.failing_steps()},
+            {"sequences", json::array()},
+            {"explained_by", json::array()}};
+  for (const SequenceSamplingCheck& q : c.sequences) {
+    json steps = json::array();
+    for (const SamplingStepCheck& s : q.steps) {
+      std::string problem = s.problem;
+      if (problem.empty() && !s.scores.pass()) problem = s.scores.problem.empty() ? "scores differ" : s.scores.problem;
+      if (problem.empty() && !s.probs.pass()) problem = s.probs.problem.empty() ? "probs differ" : s.probs.problem;
+      if (problem.empty() && !s.token_ok) problem = s.token_note;
+      if (problem.empty() && !s.fed_ok.value_or(true)) problem = s.fed_note;
+      steps.push_back({{"step", s.step},
+                       {"pass", s.pass()},
+                       {"token", s.token},
+                       {"expected_token", s.expected_token},
+                       {"scores_max_abs", json_num(s.scores.max_abs)},
+                       {"probs_max_abs", json_num(s.probs.max_abs)},
+                       {"problem", problem.empty() ? json(nullptr) : json(problem)}});
+    }
+    j["sequences"].push_back({{"seq", q.seq}, {"params_from", q.params_from}, {"steps", steps}});
+  }
+  for (const SamplerBugMatch& b : c.explained_by)
+    j["explained_by"].push_back({{"bug", b.bug},
+                                 {"description", b.description},
+                                 {"steps_departing", b.steps_departing},
+                                 {"scores_max_abs", json_num(b.scores_max_abs)},
+                                 {"probs_max_abs", json_num(b.probs_max_abs)}});
+  return j;
 }
 
 }  // namespace llmdiff::compare

@@ -11,6 +11,7 @@
 // prompt and the tokens drawn before), i.e. generate's input_ids.
 #pragma once
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -97,6 +98,11 @@ struct SamplingCheck {
 // Throws UsageError when the dump holds sample.* but neither the manifest
 // nor `opt` gives parameters, FormatError on a malformed manifest value.
 SamplingCheck check_sampling(const TensorSource& cand, const SamplingCheckOptions& opt = {});
+// The check as JSON (the "sampling" field of `bisect --json`, documented in
+// compare/README.md): verdict, steps checked and failing, per step the
+// token, the expected token and the first problem, and the sampler bugs that
+// explain a failure.
+nlohmann::json sampling_check_to_json(const SamplingCheck& c);
 
 // A few lines per sequence: the parameters, one line per step, the verdict
 // and the sampler bugs that explain a failure.

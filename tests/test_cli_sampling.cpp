@@ -4,6 +4,8 @@
 // sampler bug of the zoo without calling the model wrong.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "dumps/dump.h"
 #include "dumps/sampling.h"
 #include "tests/cli_runner.h"
@@ -57,6 +59,18 @@ TEST(CliSampling, EnginesSampleAndASamplerBugIsNamed) {
   // The model is right: no divergence of the forward pass, the sampler named.
   EXPECT_NE(b.out.find("RESULT: no divergence"), std::string::npos) << b.out;
   EXPECT_NE(b.out.find("explained by sampler-temperature-twice"), std::string::npos) << b.out;
+  // The same in JSON: the sampler's check is a field and sets the exit code.
+  const auto j = run_cli({"bisect", "--model", golden_model("llama-gqa"), buggy, "--json"});
+  EXPECT_EQ(j.code, 1) << j.error;
+  const nlohmann::json doc = nlohmann::json::parse(j.out);
+  EXPECT_EQ(doc["exit_code"], 1);
+  EXPECT_EQ(doc["ok"], true) << "the forward pass is right";
+  EXPECT_EQ(doc["sampling"]["verdict"], "fail");
+  EXPECT_GT(doc["sampling"]["failing_steps"].get<int>(), 0);
+  EXPECT_EQ(doc["sampling"]["explained_by"][0]["bug"], "sampler-temperature-twice");
+  const auto clean = run_cli({"bisect", "--model", golden_model("llama-gqa"), golden_dump("llama-gqa", "sample"), "--json"});
+  EXPECT_EQ(clean.code, 0) << clean.error;
+  EXPECT_EQ(nlohmann::json::parse(clean.out)["sampling"]["verdict"], "pass");
 
   // A sampler bug needs a sampling run; the ref takes no bugs.
   EXPECT_EQ(run_cli({"dump", "--engine", "impl", "--model", golden_model("llama-gqa"), "--tokens", kPrompt,
