@@ -180,16 +180,6 @@ inline double allclose_ratio(double ad, double bound) {
 // or Inf (and tolerances outside [0, inf)).
 void plain_range(const float* ref, const float* cand, int64_t begin, int64_t end, ComputeDType grid,
                  const Tolerance& tol, Partial& p) {
-  auto count_nonfinite = [](float v, int64_t i, NonFiniteCounts& c) {
-    if (std::isnan(v)) {
-      if (c.first_nan < 0) c.first_nan = i;
-      ++c.nan;
-    } else if (v > 0) {
-      ++c.pos_inf;
-    } else {
-      ++c.neg_inf;
-    }
-  };
   for (int64_t i = begin; i < end; ++i) {
     const float fa = cand[i], fb = ref[i];
     const bool fin_a = std::isfinite(fa), fin_b = std::isfinite(fb);
@@ -709,6 +699,17 @@ IntMetrics int_metrics(const int64_t* ref, const int64_t* cand, int64_t n) {
     ++m.mismatches;
   }
   return m;
+}
+
+void count_nonfinite(float v, int64_t at, NonFiniteCounts& c) {
+  if (std::isnan(v)) {
+    if (c.first_nan < 0) c.first_nan = at;
+    ++c.nan;
+  } else if (v > 0) {
+    ++c.pos_inf;
+  } else {
+    ++c.neg_inf;
+  }
 }
 
 }  // namespace llmdiff::compare

@@ -24,6 +24,8 @@ struct NonFiniteCounts {
   int64_t first_nan = -1;  // flat offset of the first NaN, -1 if none
   int64_t total() const { return nan + pos_inf + neg_inf; }
 };
+// Counts the non-finite value `v` found at flat offset `at`.
+void count_nonfinite(float v, int64_t at, NonFiniteCounts& c);
 // "2 NaN (first at [0, 3]), 1 +Inf" for a tensor of `shape`.
 std::string nonfinite_words(const NonFiniteCounts& c, const Shape& shape);
 

@@ -124,12 +124,7 @@ std::vector<ErrorSignature> error_signatures(const std::string& name, const Tens
     for (int64_t i = 0; i < n; ++i) {
       const float x = c.f[size_t(i)];
       if (!std::isfinite(r.f[size_t(i)])) ++ref_bad;
-      if (std::isnan(x)) {
-        if (nc.first_nan < 0) nc.first_nan = i;
-        ++nc.nan;
-      } else if (std::isinf(x)) {
-        ++(x > 0 ? nc.pos_inf : nc.neg_inf);
-      }
+      if (!std::isfinite(x)) count_nonfinite(x, i, nc);
     }
     if (nc.total() > ref_bad) {
       found.add_decisive("non-finite", nonfinite_words(nc, c.shape) + " where the reference has " +
@@ -149,14 +144,10 @@ std::vector<ErrorSignature> error_signatures(const std::string& name, const Tens
   // precision: the reference's values rounded to a 16-bit grid (an output
   // stored or computed at lower precision, not a formula error).
   if (const std::optional<ComputeDType> grid = rounded_grid(c.f.data(), r.f.data(), n)) {
-    ErrorSignature p;
-    p.name = name;
-    p.kind = "precision";
-    p.detail = std::string("every value is the reference's rounded to ") + compute_dtype_name(*grid) +
-               " (within one of its ulps): stored or computed at lower precision, not a formula error";
-    p.fit = 0;
-    p.decisive = true;
-    out.push_back(p);
+    found.add_decisive("precision", std::string("every value is the reference's rounded to ") +
+                                        compute_dtype_name(*grid) +
+                                        " (within one of its ulps): stored or computed at lower precision, not a "
+                                        "formula error");
     return out;
   }
 

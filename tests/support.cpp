@@ -108,4 +108,12 @@ double nmse(const TensorData& a, const TensorData& b) {
   return den > 0 ? num / den : (num > 0 ? INFINITY : 0.0);
 }
 
+nlohmann::json embedded_json(const std::string& page, const std::string& id) {
+  const std::string open = "<script type=\"application/json\" id=\"" + id + "\">";
+  const size_t a = page.find(open);
+  if (a == std::string::npos) return nullptr;
+  const size_t b = page.find("</script>", a);
+  return nlohmann::json::parse(page.substr(a + open.size(), b - a - open.size()));
+}
+
 }  // namespace llmdiff::testing

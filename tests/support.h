@@ -1,5 +1,6 @@
 // Helpers shared by the test binaries (depends on dumps/ only).
 #pragma once
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,10 @@ std::string golden_dump(const std::string& model, const std::string& scenario); 
 std::string temp_path(const std::string& stem);  // a fresh path in a per-process temp dir
 // A whole file as a string (any bytes); throws std::runtime_error when it cannot be read.
 std::string read_text(const std::string& path);
+
+// The JSON of <script type="application/json" id="ID"> in an HTML page
+// (null when the page has none).
+nlohmann::json embedded_json(const std::string& page, const std::string& id);
 
 // max |a-b| over a tensor pair (shapes must match; throws otherwise).
 double max_abs_diff(const TensorData& a, const TensorData& b);

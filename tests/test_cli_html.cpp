@@ -48,14 +48,6 @@ const Reports& reports() {
   return r;
 }
 
-nlohmann::json embedded(const std::string& page, const std::string& id) {
-  const std::string open = "<script type=\"application/json\" id=\"" + id + "\">";
-  const size_t a = page.find(open);
-  if (a == std::string::npos) return nullptr;
-  const size_t b = page.find("</script>", a);
-  return nlohmann::json::parse(page.substr(a + open.size(), b - a - open.size()));
-}
-
 void expect_bisect_page(const std::string& page) {
   EXPECT_EQ(page.rfind("<!DOCTYPE html>", 0), 0u);
   EXPECT_NE(page.find("class=\"verdict bad\""), std::string::npos);
@@ -67,12 +59,12 @@ void expect_bisect_page(const std::string& page) {
   EXPECT_NE(page.find("<canvas id=\"heatmap\""), std::string::npos);
   EXPECT_EQ(page.find("http://"), std::string::npos);
   EXPECT_EQ(page.find("https://"), std::string::npos);
-  const nlohmann::json heat = embedded(page, "heatmap-data");
+  const nlohmann::json heat = embedded_json(page, "heatmap-data");
   ASSERT_TRUE(heat.is_object());
   EXPECT_EQ(heat["name"], kLocalised);
   EXPECT_EQ(heat["row_label"], "head");
   EXPECT_GT(double(heat["max"]), 0.0);
-  const nlohmann::json chart = embedded(page, "chart-data");
+  const nlohmann::json chart = embedded_json(page, "chart-data");
   ASSERT_TRUE(chart.is_object());
   const int first = chart["first"], local_first = chart["local_first"];
   ASSERT_GE(first, 0);
@@ -148,7 +140,7 @@ TEST(CliHtml, DiffWritesTheHtmlReport) {
       break;
     }
   ASSERT_FALSE(mapped.empty());
-  EXPECT_EQ(embedded(page, "heatmap-data")["name"], mapped);
+  EXPECT_EQ(embedded_json(page, "heatmap-data")["name"], mapped);
   EXPECT_EQ(page.find("http://"), std::string::npos);
   EXPECT_EQ(page.find("https://"), std::string::npos);
   // Nothing diverges: the page says so, and there is no heatmap.
@@ -164,7 +156,7 @@ TEST(CliHtml, HeadlessChromiumRendersTheBisectReport) {
   const Reports& r = reports();
   ASSERT_EQ(r.run_code, 1) << r.run_error;
   const std::string page = read_text(r.run_html);
-  const nlohmann::json heat = embedded(page, "heatmap-data");
+  const nlohmann::json heat = embedded_json(page, "heatmap-data");
   ASSERT_TRUE(heat.is_object());
 
   const std::string dom = capture(chromium("--dump-dom " + r.run_html));

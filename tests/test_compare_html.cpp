@@ -20,15 +20,6 @@ using namespace llmdiff::testing;
 
 namespace {
 
-// The JSON of <script type="application/json" id="ID"> in a page.
-nlohmann::json embedded(const std::string& page, const std::string& id) {
-  const std::string open = "<script type=\"application/json\" id=\"" + id + "\">";
-  const size_t a = page.find(open);
-  if (a == std::string::npos) return nullptr;
-  const size_t b = page.find("</script>", a);
-  return nlohmann::json::parse(page.substr(a + open.size(), b - a - open.size()));
-}
-
 // Copies `src`, adds `delta` to one element of `first` and scales every
 // later float tensor by 1.01 (an error that propagates downstream).
 void perturb_from(const TensorSource& src, MemoryDump& d, const std::string& first, float delta) {
@@ -144,7 +135,7 @@ TEST(CompareHtml, DiffReportOfAGoldenDumpAndAPerturbedCopy) {
             std::string::npos);
 
   // The chart's data: one point per name with a ratio, the first divergence marked.
-  const nlohmann::json chart = embedded(page, "chart-data");
+  const nlohmann::json chart = embedded_json(page, "chart-data");
   ASSERT_TRUE(chart.is_object());
   size_t with_ratio = 0;
   for (const auto& t : r.tensors) with_ratio += !t.is_int || !t.pass;
@@ -154,7 +145,7 @@ TEST(CompareHtml, DiffReportOfAGoldenDumpAndAPerturbedCopy) {
   EXPECT_EQ(chart["points"][size_t(at)]["n"], first);
   EXPECT_GT(double(chart["points"][size_t(at)]["r"]), 1.0);
   EXPECT_EQ(chart["points"].back()["n"], "odd<b>&\"name\"");  // \u003c in the page, the same string once parsed
-  const nlohmann::json heat = embedded(page, "heatmap-data");
+  const nlohmann::json heat = embedded_json(page, "heatmap-data");
   EXPECT_EQ(heat["name"], first);
   EXPECT_EQ(heat["values"].size(), size_t(heat["rows"]) * size_t(heat["cols"]));
 }
@@ -168,5 +159,5 @@ TEST(CompareHtml, DiffReportOfIdenticalDumps) {
   EXPECT_NE(page.find("Within tolerance: "), std::string::npos);
   EXPECT_NE(page.find("No tensor to map"), std::string::npos);
   EXPECT_EQ(page.find("id=\"heatmap-data\""), std::string::npos);
-  EXPECT_EQ(embedded(page, "chart-data")["first"], -1);
+  EXPECT_EQ(embedded_json(page, "chart-data")["first"], -1);
 }
