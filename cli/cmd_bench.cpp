@@ -160,6 +160,7 @@ std::string bench_engine(const BenchCmdOptions& o, const std::string& engine_nam
     generated = gen;
   }
   return json{{"engine", engine_name},
+              {"pid", int64_t(::getpid())},
               {"producer", engine->producer()},
               {"dtype", engine->dtype_name()},
               {"load_s", load_s},
@@ -314,10 +315,10 @@ std::string fmt(const char* f, double v) {
 }
 
 void print_engine_table(const json& rows) {
-  std::printf("%-6s %-9s %7s | %9s %9s %8s | %9s %9s %9s %6s | %9s %7s\n", "", "", "", "prefill", "tok/s",
-              "GFLOP/s", "decode", "ms/token", "bound", "of", "peak RSS", "x");
-  std::printf("%-6s %-9s %7s | %9s %9s %8s | %9s %9s %9s %6s | %9s %7s\n", "engine", "compute", "load s", "best",
-              "median", "best", "best", "median", "ms/token", "bound", "GB", "weights");
+  std::printf("%-6s %-9s %7s | %8s %8s %8s %8s | %8s %8s %8s %8s %5s | %8s %7s\n", "", "", "", "prefill", "tok/s", "",
+              "GFLOP/s", "decode", "ms/token", "", "bound", "of", "peak RSS", "x");
+  std::printf("%-6s %-9s %7s | %8s %8s %8s %8s | %8s %8s %8s %8s %5s | %8s %7s\n", "engine", "compute", "load s", "best",
+              "median", "worst", "best", "best", "median", "worst", "ms/token", "bound", "GB", "weights");
   for (const auto& row : rows) {
     const std::string name = row["engine"];
     if (row.contains("error")) {
@@ -325,17 +326,18 @@ void print_engine_table(const json& rows) {
       continue;
     }
     const json& p = row["prefill"];
-    std::string dbest = "-", dmed = "-", frac = "-";
+    std::string dbest = "-", dmed = "-", dworst = "-", frac = "-";
     if (row.contains("decode")) {
       dbest = fmt("%.1f", row["decode"]["best_ms"].get<double>());
       dmed = fmt("%.1f", row["decode"]["median_ms"].get<double>());
+      dworst = fmt("%.1f", row["decode"]["worst_ms"].get<double>());
       frac = fmt("%.0f%%", 100.0 * row["decode"]["fraction_of_bound"].get<double>());
     }
-    std::printf("%-6s %-9s %7.2f | %9.1f %9.1f %8.1f | %9s %9s %9.1f %6s | %9.2f %7.2f\n", name.c_str(),
+    std::printf("%-6s %-9s %7.2f | %8.1f %8.1f %8.1f %8.1f | %8s %8s %8s %8.1f %5s | %8.2f %7.2f\n", name.c_str(),
                 row["dtype"].get<std::string>().c_str(), row["load_s"].get<double>(), p["best_tok_s"].get<double>(),
-                p["median_tok_s"].get<double>(), p["best_gflops"].get<double>(), dbest.c_str(), dmed.c_str(),
-                row["decode_bound_ms"].get<double>(), frac.c_str(), double(row["peak_rss_bytes"].get<int64_t>()) * 1e-9,
-                row["peak_rss_over_weights"].get<double>());
+                p["median_tok_s"].get<double>(), p["worst_tok_s"].get<double>(), p["best_gflops"].get<double>(),
+                dbest.c_str(), dmed.c_str(), dworst.c_str(), row["decode_bound_ms"].get<double>(), frac.c_str(),
+                double(row["peak_rss_bytes"].get<int64_t>()) * 1e-9, row["peak_rss_over_weights"].get<double>());
   }
   std::printf("bound: weight bytes one decode token reads (as the engine holds them) / read bandwidth; "
               "GFLOP/s counts matmuls, causal attention and last-row logits.\n");
@@ -496,12 +498,15 @@ int run_bench(const BenchCmdOptions& o) {
     row["decode_bytes_per_token"] = bytes;
     row["decode_bound_ms"] = bound_ms;
     const Stat ps = stat_of(row["prefill_tok_s"].get<std::vector<double>>());
-    row["prefill"] = {{"best_tok_s", ps.max}, {"median_tok_s", ps.median},
+    row["prefill"] = {{"best_tok_s", ps.max}, {"median_tok_s", ps.median}, {"worst_tok_s", ps.min},
                       {"best_gflops", facts.prefill_flops * ps.max / o.prompt * 1e-9}};
     const std::vector<double> dm = row["decode_ms_per_token"].get<std::vector<double>>();
     if (!dm.empty()) {
       const Stat ds = stat_of(dm);
-      row["decode"] = {{"best_ms", ds.min}, {"median_ms", ds.median}, {"fraction_of_bound", bound_ms / ds.min}};
+      row["decode"] = {{"best_ms", ds.min},
+                       {"median_ms", ds.median},
+                       {"worst_ms", ds.max},
+                       {"fraction_of_bound", bound_ms / ds.min}};
     }
   }
 
@@ -563,7 +568,7 @@ void setup_bench(CLI::App& app, Action& action) {
   sub->add_option("--decode", opt->decode, "Greedy decode steps timed after the prefill")->capture_default_str();
   sub->add_option("--threads", opt->threads, "Threads of the engines and of the bandwidth probe (0: all cores)")
       ->capture_default_str();
-  sub->add_option("--repeats", opt->repeats, "Runs per engine (best and median reported)")->capture_default_str();
+  sub->add_option("--repeats", opt->repeats, "Runs per engine (best, median and worst reported)")->capture_default_str();
   sub->add_option("--mla", opt->mla, "impl's multi-head latent attention (deepseek_v3): naive or absorbed")
       ->check(CLI::IsMember({"naive", "absorbed"}))
       ->capture_default_str();

@@ -1,6 +1,7 @@
 #include "impl/kernels.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -179,6 +180,9 @@ void gemv_rows(const WMat& m, const float* x, const float* xe, const float* xo, 
   }
 }
 
+// Rows per chunk of work in a GEMV (64 rows of 2048 bfloat16 weights: 256 KiB).
+constexpr int64_t kGemvChunk = 64;
+
 // ------------------------------------------------------------- GEMM
 // y[T, N] = x[T, K] · W[N, K]ᵀ for T > 1. x is transposed once into xt
 // [K, ldt] (ldt = T rounded up to 16, zero padded). Workers take tiles of
@@ -314,9 +318,22 @@ void matmul(ThreadPool& pool, MatmulScratch& scratch, const float* x, int64_t T,
       xe[i] = x[2 * i];
       xo[i] = x[2 * i + 1];
     }
-    for (const MatmulJob& j : jobs) counts.push_back(j.w.rows);
-    for_each_job_range(pool, counts, [&](size_t j, int64_t r0, int64_t r1, int) {
-      with_weight(jobs[j].w, [&](auto tag) { gemv_rows<decltype(tag)>(jobs[j].w, x, xe, xo, r0, r1, jobs[j].y); });
+    // The rows go out in chunks that the workers claim in turn: decode is
+    // bound by memory bandwidth, and a worker slowed down by whatever else
+    // runs on its core takes fewer chunks instead of holding the others up.
+    std::vector<int64_t> first_chunk{0};  // [jobs + 1]
+    for (const MatmulJob& j : jobs)
+      first_chunk.push_back(first_chunk.back() + (j.w.rows + kGemvChunk - 1) / kGemvChunk);
+    std::atomic<int64_t> next{0};
+    pool.run([&](int) {
+      size_t j = 0;
+      for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < first_chunk.back();
+           c = next.fetch_add(1, std::memory_order_relaxed)) {
+        while (c >= first_chunk[j + 1]) ++j;
+        const WMat& w = jobs[j].w;
+        const int64_t r0 = (c - first_chunk[j]) * kGemvChunk, r1 = std::min(w.rows, r0 + kGemvChunk);
+        with_weight(w, [&](auto tag) { gemv_rows<decltype(tag)>(w, x, xe, xo, r0, r1, jobs[j].y); });
+      }
     });
     return;
   }
@@ -347,15 +364,18 @@ void matmul(ThreadPool& pool, MatmulScratch& scratch, const float* x, int64_t T,
 
 void add_bias(const WMat& b, int64_t T, float* y) {
   const int64_t n = b.cols;
-  std::vector<float> bias(static_cast<size_t>(n));
+  thread_local std::vector<float> bias;  // [n], kept between calls
+  bias.resize(size_t(n));
   load_row(b, 0, 0, n, bias.data());
   for (int64_t t = 0; t < T; ++t)
     for (int64_t i = 0; i < n; ++i) y[t * n + i] += bias[size_t(i)];
 }
 
 void rms_norm(ThreadPool& pool, const float* x, int64_t rows, int64_t n, const WMat& w, float eps, float* y) {
-  std::vector<float> weight(static_cast<size_t>(n));
-  load_row(w, 0, 0, n, weight.data());
+  thread_local std::vector<float> weight_row;  // [n] the calling thread's, kept between calls
+  weight_row.resize(size_t(n));
+  load_row(w, 0, 0, n, weight_row.data());
+  const float* weight = weight_row.data();  // what the workers read (a thread_local is each thread's own)
   pool.parallel_for(rows, [&](int64_t r0, int64_t r1, int) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* xr = x + r * n;
@@ -379,7 +399,7 @@ void rms_norm(ThreadPool& pool, const float* x, int64_t rows, int64_t n, const W
       const float inv_rms = float(1.0 / std::sqrt(double(var + eps)));
       for (int64_t j = 0; j < n; ++j) {
         const float h = xr[j] * inv_rms;
-        yr[j] = weight[size_t(j)] * h;
+        yr[j] = weight[j] * h;
       }
     }
   });

@@ -122,6 +122,46 @@ std::vector<float> columns(const std::vector<float>& rows, int64_t S, int64_t wi
   return out;
 }
 
+// The buffers of one forward call, kept between calls so that a decode step
+// allocates nothing: each is resized (within its capacity after the first
+// call of that length) and zeroed where the forward takes it.
+struct ForwardBuffers {
+  std::vector<float> x;
+  std::vector<float> xn;
+  std::vector<float> q;
+  std::vector<float> k;
+  std::vector<float> v;
+  std::vector<float> ctx;
+  std::vector<float> proj;
+  std::vector<float> gate;
+  std::vector<float> up;
+  std::vector<float> act;
+  std::vector<float> q_a;
+  std::vector<float> kv_a;
+  std::vector<float> latent;
+  std::vector<float> kv;
+  std::vector<float> q_pe;
+  std::vector<float> k_pe;
+  std::vector<float> q_lat;
+  std::vector<float> ctx_lat;
+  std::vector<float> router_logits;
+  std::vector<float> router_probs;
+  std::vector<int64_t> topk_ids;
+  std::vector<float> topk_weights;
+  std::vector<float> expert_out;
+  std::vector<float> expert_in;
+  std::vector<float> expert_y;
+  std::vector<float> routed;
+  std::vector<float> shared;
+};
+
+// v as n zeros, reusing its storage.
+template <class T>
+std::vector<T>& zeroed(std::vector<T>& v, int64_t n) {
+  v.assign(size_t(n), T{});
+  return v;
+}
+
 class ImplEngine final : public Engine {
  public:
   ImplEngine(const Model& model, const ImplOptions& opt)
@@ -186,6 +226,7 @@ class ImplEngine final : public Engine {
   MatmulScratch mm_;
   std::vector<std::vector<float>> attn_rows_;
   std::vector<LayerCache> cache_;
+  ForwardBuffers buf_;
   int64_t cached_ = 0;  // keys in the cache (P)
 };
 
@@ -284,36 +325,40 @@ std::vector<float> ImplEngine::forward(const std::vector<int64_t>& tokens, int s
                                              : causal_mask(T, S, bug.mask_square ? 0 : S - T, c.sliding_window);
   site.f32("mask", {T, S}, mask.data());  // [T, S]
 
-  std::vector<float> x(size_t(T * D));  // [T, D] residual stream
+  std::vector<float>& x = zeroed(buf_.x, T * D);                                    // [T, D] residual stream
   for (int64_t t = 0; t < T; ++t) load_row(wmat(w.embed), tokens[size_t(t)], 0, D, &x[size_t(t * D)]);
   site.f32("embed", {T, D}, x.data());
 
-  std::vector<float> xn(size_t(T * D));                                  // [T, D] normed input
-  std::vector<float> q(size_t(T * q_dim));                               // [T, Hq*Dk]
-  std::vector<float> k(size_t(absorbed_ ? 0 : T * k_dim));               // [T, Hkv*Dk]
-  std::vector<float> v(size_t(absorbed_ ? 0 : T * v_dim));               // [T, Hkv*Dvh]
-  std::vector<float> ctx(size_t(T * ctx_dim));                           // [T, Hq*Dvh]
-  std::vector<float> proj(size_t(T * D));                                // [T, D] attn.out / mlp.down / moe.out
-  std::vector<float> gate(size_t(T * Fmax)), up(size_t(T * Fmax)), act(size_t(T * Fmax));  // [T, F] (F of any MLP)
+  std::vector<float>& xn = zeroed(buf_.xn, T * D);                                  // [T, D] normed input
+  std::vector<float>& q = zeroed(buf_.q, T * q_dim);                                // [T, Hq*Dk]
+  std::vector<float>& k = zeroed(buf_.k, absorbed_ ? 0 : T * k_dim);                // [T, Hkv*Dk]
+  std::vector<float>& v = zeroed(buf_.v, absorbed_ ? 0 : T * v_dim);                // [T, Hkv*Dvh]
+  std::vector<float>& ctx = zeroed(buf_.ctx, T * ctx_dim);                          // [T, Hq*Dvh]
+  std::vector<float>& proj = zeroed(buf_.proj, T * D);  // [T, D] attn.out / mlp.down / moe.out
+  std::vector<float>& gate = zeroed(buf_.gate, T * Fmax);                           // [T, F] (F of any MLP)
+  std::vector<float>& up = zeroed(buf_.up, T * Fmax);                               // [T, F]
+  std::vector<float>& act = zeroed(buf_.act, T * Fmax);                             // [T, F]
   // MLA
-  std::vector<float> q_a(size_t(T * Rq));                                // [T, Rq]
-  std::vector<float> kv_a(size_t(T * Lw));                               // [T, Rkv+Dr]
-  std::vector<float> latent(size_t(T * Rkv));                            // [T, Rkv] kv_a_norm
-  std::vector<float> kv(size_t(mla && !absorbed_ ? T * Hq * (Dn + Dv) : 0));  // [T, Hq*(Dn+Dv)]
-  std::vector<float> q_pe(size_t(mla ? T * Hq * Dr : 0));               // [T, Hq*Dr]
-  std::vector<float> k_pe(size_t(mla ? T * Dr : 0));                    // [T, Dr]
-  std::vector<float> q_lat(size_t(absorbed_ ? T * Hq * Lw : 0));         // [T, Hq*(Rkv+Dr)]
-  std::vector<float> ctx_lat(size_t(absorbed_ ? T * Hq * Rkv : 0));      // [T, Hq*Rkv]
+  std::vector<float>& q_a = zeroed(buf_.q_a, T * Rq);                               // [T, Rq]
+  std::vector<float>& kv_a = zeroed(buf_.kv_a, T * Lw);                             // [T, Rkv+Dr]
+  std::vector<float>& latent = zeroed(buf_.latent, T * Rkv);                        // [T, Rkv] kv_a_norm
+  std::vector<float>& kv = zeroed(buf_.kv, mla && !absorbed_ ? T * Hq * (Dn + Dv) : 0);  // [T, Hq*(Dn+Dv)]
+  std::vector<float>& q_pe = zeroed(buf_.q_pe, mla ? T * Hq * Dr : 0);              // [T, Hq*Dr]
+  std::vector<float>& k_pe = zeroed(buf_.k_pe, mla ? T * Dr : 0);                   // [T, Dr]
+  std::vector<float>& q_lat = zeroed(buf_.q_lat, absorbed_ ? T * Hq * Lw : 0);      // [T, Hq*(Rkv+Dr)]
+  std::vector<float>& ctx_lat = zeroed(buf_.ctx_lat, absorbed_ ? T * Hq * Rkv : 0);  // [T, Hq*Rkv]
   // MoE
   const int64_t E = c.moe.num_experts, K = c.moe.top_k;
-  std::vector<float> router_logits(size_t(T * E)), router_probs(size_t(T * E));  // [T, E]
-  std::vector<int64_t> topk_ids(size_t(T * K));                          // [T, K]
-  std::vector<float> topk_weights(size_t(T * K));                        // [T, K]
-  std::vector<float> expert_out(size_t(c.moe.enabled() ? T * K * D : 0));  // [T, K, D]
-  std::vector<float> expert_in(size_t(c.moe.enabled() ? T * D : 0));    // [n, D] rows routed to one expert
-  std::vector<float> expert_y(size_t(c.moe.enabled() ? T * D : 0));     // [n, D] its output
-  std::vector<float> routed(size_t(c.moe.enabled() ? T * D : 0));       // [T, D]
-  std::vector<float> shared(size_t(Fs > 0 ? T * D : 0));                // [T, D]
+  std::vector<float>& router_logits = zeroed(buf_.router_logits, T * E);            // [T, E]
+  std::vector<float>& router_probs = zeroed(buf_.router_probs, T * E);              // [T, E]
+  std::vector<int64_t>& topk_ids = zeroed(buf_.topk_ids, T * K);                    // [T, K]
+  std::vector<float>& topk_weights = zeroed(buf_.topk_weights, T * K);              // [T, K]
+  std::vector<float>& expert_out = zeroed(buf_.expert_out, c.moe.enabled() ? T * K * D : 0);  // [T, K, D]
+  // [n, D] rows routed to one expert, and their output
+  std::vector<float>& expert_in = zeroed(buf_.expert_in, c.moe.enabled() ? T * D : 0);
+  std::vector<float>& expert_y = zeroed(buf_.expert_y, c.moe.enabled() ? T * D : 0);
+  std::vector<float>& routed = zeroed(buf_.routed, c.moe.enabled() ? T * D : 0);    // [T, D]
+  std::vector<float>& shared = zeroed(buf_.shared, Fs > 0 ? T * D : 0);             // [T, D]
 
   const float scale = float(bug.softmax_scale_dh ? 1.0 / double(Dk)
                             : bug.mla_no_mscale  ? std::pow(double(Dk), -0.5)

@@ -3,6 +3,7 @@
 // figures, agreeing greedy tokens and a complete end-to-end diff. Nothing here
 // asserts a speed.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 
@@ -105,8 +106,17 @@ TEST(CliSynthBench, CommandReportsBothEnginesAndTheEndToEndDiff) {
     EXPECT_GE(e["peak_rss_bytes"].get<int64_t>(), int64_t(synth.data_bytes)) << e["engine"];
     EXPECT_GT(e["decode_bound_ms"].get<double>(), 0.0);
     EXPECT_GE(e["prefill"]["best_tok_s"].get<double>(), e["prefill"]["median_tok_s"].get<double>());
+    EXPECT_GE(e["prefill"]["median_tok_s"].get<double>(), e["prefill"]["worst_tok_s"].get<double>());
     EXPECT_LE(e["decode"]["best_ms"].get<double>(), e["decode"]["median_ms"].get<double>());
+    EXPECT_LE(e["decode"]["median_ms"].get<double>(), e["decode"]["worst_ms"].get<double>());
+    // best and worst are the extremes of the repeats reported beside them.
+    const auto dm = e["decode_ms_per_token"].get<std::vector<double>>();
+    EXPECT_EQ(e["decode"]["best_ms"].get<double>(), *std::min_element(dm.begin(), dm.end()));
+    EXPECT_EQ(e["decode"]["worst_ms"].get<double>(), *std::max_element(dm.begin(), dm.end()));
   }
+  // Each engine ran in a process of its own.
+  EXPECT_NE(j["engines"][0]["pid"], j["engines"][1]["pid"]);
+  for (const auto& e : j["engines"]) EXPECT_NE(e["pid"].get<int64_t>(), int64_t(::getpid()));
   // Both compute float32 on a float32 checkpoint: the same greedy tokens.
   EXPECT_EQ(j["engines"][0]["generated"], j["engines"][1]["generated"]);
 
