@@ -105,6 +105,11 @@ TEST(CliSynthBench, CommandReportsBothEnginesAndTheEndToEndDiff) {
     // Every weight page is read, and the engine's own RSS holds them.
     EXPECT_GE(e["peak_rss_bytes"].get<int64_t>(), int64_t(synth.data_bytes)) << e["engine"];
     EXPECT_GT(e["decode_bound_ms"].get<double>(), 0.0);
+    EXPECT_GT(e["bandwidth_gbs"].get<double>(), 0.0);
+    EXPECT_LE(e["bandwidth_gbs"].get<double>(), j["bandwidth"]["best_gbs"].get<double>());
+    EXPECT_NEAR(e["decode_bound_ms"].get<double>(),
+                e["decode_bytes_per_token"].get<double>() / e["bandwidth_gbs"].get<double>() * 1e-6,
+                1e-9 * e["decode_bound_ms"].get<double>());
     EXPECT_GE(e["prefill"]["best_tok_s"].get<double>(), e["prefill"]["median_tok_s"].get<double>());
     EXPECT_GE(e["prefill"]["median_tok_s"].get<double>(), e["prefill"]["worst_tok_s"].get<double>());
     EXPECT_LE(e["decode"]["best_ms"].get<double>(), e["decode"]["median_ms"].get<double>());
