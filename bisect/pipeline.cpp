@@ -13,6 +13,7 @@
 
 #include "dumps/errors.h"
 #include "dumps/names.h"
+#include "dumps/sequences.h"
 #include "dumps/bugs.h"
 #include "impl/impl_engine.h"
 #include "ref/ops.h"
@@ -315,6 +316,23 @@ compare::BisectResult bisect_candidate(const ModelOracles& m, const TensorSource
                                             " (the clean run makes the same roundings)");
   if (r.model.empty()) r.model = dir_name(m.dir);
   return r;
+}
+
+compare::BatchBisect bisect_batch(const ModelOracles& m, const TensorSource& cand, compare::BisectOptions opt) {
+  std::vector<compare::SequenceBisect> results;
+  for (int b : dump_sequences(cand)) {
+    const SequenceView view(cand, b);
+    compare::BisectOptions o = opt;
+    if (opt.progress)
+      o.progress = [&opt, b](const std::string& what) { opt.progress("seq" + std::to_string(b) + ": " + what); };
+    compare::SequenceBisect s;
+    s.seq = b;
+    s.result = bisect_candidate(m, view, o);
+    results.push_back(std::move(s));
+  }
+  if (results.empty())
+    throw UsageError(cand.label() + ": no seq{b}. names: a single-sequence dump (bisect it as it is)");
+  return compare::summarise_batch(cand, std::move(results));
 }
 
 std::unique_ptr<MemoryDump> run_impl_candidate(const ModelOracles& m, const Scenario& sc, const EngineOptions& eo,

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "bisect/engines.h"
+#include "compare/batch_report.h"
 #include "compare/diagnose.h"
 #include "compare/quant_error.h"
 #include "dumps/engine.h"
@@ -86,6 +87,11 @@ struct ModelOracles {
 // bisect() of compare/diagnose.h with the model's runners.
 compare::BisectResult bisect_candidate(const ModelOracles& m, const TensorSource& cand,
                                        compare::BisectOptions opt);
+
+// bisect_candidate() of each sequence of a several-sequence dump
+// (dumps/sequences.h), each against the reference running it alone, ordered
+// and summarised by compare::summarise_batch.
+compare::BatchBisect bisect_batch(const ModelOracles& m, const TensorSource& cand, compare::BisectOptions opt);
 
 // `llmdiff run`'s candidate: the impl (with eo.inject's bugs) over `sc`,
 // recording the names matching `record` (full-name globs; empty: every site).

@@ -65,4 +65,21 @@ int emit_bisect(const compare::BisectResult& r, const BisectCliOptions& o, const
   return code;
 }
 
+int emit_batch_bisect(const compare::BatchBisect& b, const BisectCliOptions& o) {
+  const compare::SequenceBisect* shown = b.first_divergent() ? b.first_divergent() : &b.sequences.front();
+  if (!o.report.empty()) write_file_atomic(o.report, compare::render_bisect_markdown(shown->result));
+  if (!o.html.empty()) write_file_atomic(o.html, compare::render_bisect_html(shown->result));
+  std::string text;
+  if (o.json) {
+    text = compare::batch_to_json(b).dump(2) + "\n";
+  } else {
+    compare::BisectTableOptions t;
+    t.all = o.all;
+    text = compare::render_batch_table(b, t);
+  }
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+  return b.exit_code();
+}
+
 }  // namespace llmdiff::cli

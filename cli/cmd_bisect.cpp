@@ -13,6 +13,7 @@
 
 #include "compare/sampling_check.h"
 #include "dumps/errors.h"
+#include "dumps/sequences.h"
 
 namespace llmdiff::cli {
 
@@ -31,6 +32,12 @@ int run_bisect(const BisectCommandOptions& o) {
   PhaseLog log(o.bisect.verbose);
   bisect::ModelOracles m(o.model, o.bisect.threads);
   log("model loaded");
+  if (!dump_sequences(cand).empty()) {
+    // Several sequences: each bisected against the reference running it alone.
+    if (!o.source.empty()) throw UsageError("--source: a several-sequence candidate is not supported");
+    const compare::BatchBisect b = bisect::bisect_batch(m, cand, bisect_options(o.bisect, &log));
+    return emit_batch_bisect(b, o.bisect);
+  }
   compare::BisectResult r = bisect::bisect_candidate(m, cand, bisect_options(o.bisect, &log));
   // A candidate that samples: its sampler against HF's processors applied to
   // its own next_logits (a model bug is not a sampler bug).

@@ -19,6 +19,7 @@
 #include "dumps/dump.h"
 #include "dumps/engine.h"
 #include "dumps/errors.h"
+#include "dumps/sequences.h"
 #include "dumps/weights.h"
 
 namespace llmdiff::cli {
@@ -62,36 +63,45 @@ int run_regress(const RegressOptions& o) {
       }
     }
     for (const auto& path : gm.dumps) {
-      DumpFile hf(path);
-      Scenario sc = replay_with_sampling(hf);
-      for (auto k : kinds) {
-        compare::RegressionCase c;
-        c.model = gm.name;
-        c.scenario = std::filesystem::path(path).stem().string();
-        c.dump = path;
-        c.engine = k;
-        c.model_dtype = dt;
-        c.rule = report.policy.describe(k, dt);
-        auto t0 = std::chrono::steady_clock::now();
-        if (engine_errors.count(k)) {
-          c.error = engine_errors[k];
-        } else {
-          try {
-            Engine& engine = *engines[k];
-            MemoryDump out(std::string(compare::engine_kind_name(k)) + " replay of " + path);
-            out.mutable_manifest() = make_manifest(engine, model, gm.dir, sc);
-            run_scenario(engine, sc, out);
-            c.diff = compare::compare_dumps(hf, out, compare::regression_options(report.policy, k, dt));
-          } catch (const std::exception& e) {
-            c.error = e.what();
+      const DumpFile file(path);
+      // A several-sequence dump (a batched HF run): one case per sequence,
+      // the engine running that sequence alone.
+      std::vector<std::unique_ptr<SequenceView>> views;
+      for (int b : dump_sequences(file)) views.push_back(std::make_unique<SequenceView>(file, b));
+      const size_t parts = std::max<size_t>(1, views.size());
+      for (size_t part = 0; part < parts; ++part) {
+        const TensorSource& hf = views.empty() ? static_cast<const TensorSource&>(file) : *views[part];
+        Scenario sc = replay_with_sampling(hf);
+        for (auto k : kinds) {
+          compare::RegressionCase c;
+          c.model = gm.name;
+          c.scenario = std::filesystem::path(path).stem().string();
+          if (!views.empty()) c.scenario += "/seq" + std::to_string(views[part]->sequence());
+          c.dump = path;
+          c.engine = k;
+          c.model_dtype = dt;
+          c.rule = report.policy.describe(k, dt);
+          auto t0 = std::chrono::steady_clock::now();
+          if (engine_errors.count(k)) {
+            c.error = engine_errors[k];
+          } else {
+            try {
+              Engine& engine = *engines[k];
+              MemoryDump out(std::string(compare::engine_kind_name(k)) + " replay of " + path);
+              out.mutable_manifest() = make_manifest(engine, model, gm.dir, sc);
+              run_scenario(engine, sc, out);
+              c.diff = compare::compare_dumps(hf, out, compare::regression_options(report.policy, k, dt));
+            } catch (const std::exception& e) {
+              c.error = e.what();
+            }
           }
+          c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          compare::evaluate_case(c, report.policy);
+          if (o.verbose)
+            fmt::print(stderr, "{} {}/{} {}: {}\n", compare::engine_kind_name(k), c.model, c.scenario,
+                       c.pass ? "PASS" : "FAIL", c.pass ? c.worst_name : (c.failures.empty() ? "" : c.failures[0]));
+          report.cases.push_back(std::move(c));
         }
-        c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        compare::evaluate_case(c, report.policy);
-        if (o.verbose)
-          fmt::print(stderr, "{} {}/{} {}: {}\n", compare::engine_kind_name(k), c.model, c.scenario,
-                     c.pass ? "PASS" : "FAIL", c.pass ? c.worst_name : (c.failures.empty() ? "" : c.failures[0]));
-        report.cases.push_back(std::move(c));
       }
     }
   }

@@ -116,4 +116,16 @@ nlohmann::json embedded_json(const std::string& page, const std::string& id) {
   return nlohmann::json::parse(page.substr(a + open.size(), b - a - open.size()));
 }
 
+std::string changed_golden(const std::string& model, const std::string& scenario, const std::string& stem,
+                           const std::function<void(MemoryDump&)>& change) {
+  DumpFile golden(golden_dump(model, scenario));
+  MemoryDump d("changed");
+  d.mutable_manifest() = golden.manifest();
+  for (const auto& n : golden.names()) d.put(golden.get(n));
+  change(d);
+  const std::string path = temp_path(stem) + ".safetensors";
+  d.save(path);
+  return path;
+}
+
 }  // namespace llmdiff::testing

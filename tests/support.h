@@ -1,5 +1,6 @@
 // Helpers shared by the test binaries (depends on dumps/ only).
 #pragma once
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -20,6 +21,11 @@ std::string read_text(const std::string& path);
 // The JSON of <script type="application/json" id="ID"> in an HTML page
 // (null when the page has none).
 nlohmann::json embedded_json(const std::string& page, const std::string& id);
+
+// HF's `scenario` dump of `model` with `change` applied, written to a fresh
+// file under `stem` (returns its path).
+std::string changed_golden(const std::string& model, const std::string& scenario, const std::string& stem,
+                           const std::function<void(MemoryDump&)>& change);
 
 // max |a-b| over a tensor pair (shapes must match; throws otherwise).
 double max_abs_diff(const TensorData& a, const TensorData& b);

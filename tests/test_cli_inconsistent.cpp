@@ -23,14 +23,7 @@ namespace {
 // HF's decode dump of `model` with `change` applied, written to a file.
 std::string changed_dump(const std::string& model, const std::string& stem,
                          const std::function<void(MemoryDump&)>& change) {
-  DumpFile golden(golden_dump(model, "decode"));
-  MemoryDump d("changed");
-  d.mutable_manifest() = golden.manifest();
-  for (const auto& n : golden.names()) d.put(golden.get(n));
-  change(d);
-  const std::string path = temp_path(stem) + ".safetensors";
-  d.save(path);
-  return path;
+  return changed_golden(model, "decode", stem, change);
 }
 
 CliRun bisect_on(const std::string& model, const std::string& dump) {

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 
+#include "dumps/sequences.h"
 #include "tests/test_cli_diff_helpers.h"
 
 using namespace llmdiff;
@@ -60,14 +61,20 @@ TEST(CliRegress, GoldenTreePassesForBothEngines) {
   std::string junit = temp_path("regress-golden.xml");
   CliRun r = run_cli({"regress", "--golden", golden_dir(), "--junit", junit});
   EXPECT_EQ(r.code, 0) << r.error << r.out;
-  // prefill, decode and chunked of every model, and the sample dumps of HF's
-  // generate; each for both engines.
-  size_t dumps = 0;
-  for (const std::string& m : golden_models())
+  // prefill, decode and chunked of every model, the sample dumps of HF's
+  // generate, and each sequence of its batched dumps (three each) as a case
+  // of its own; each for both engines.
+  size_t dumps = 0, sequences = 0;
+  for (const std::string& m : golden_models()) {
     for (const char* s : {"prefill", "decode", "chunked", "sample"})
       dumps += std::filesystem::exists(golden_dump(m, s)) ? 1 : 0;
+    if (std::filesystem::exists(golden_dump(m, "batch")))
+      sequences += dump_sequences(DumpFile(golden_dump(m, "batch"))).size();
+  }
   EXPECT_EQ(dumps, golden_models().size() * 3 + 2);
-  const size_t cases = dumps * 2;
+  EXPECT_EQ(sequences, 6u);
+  const size_t cases = (dumps + sequences) * 2;
+  EXPECT_NE(r.out.find("batch/seq2"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("result: " + std::to_string(cases) + " of " + std::to_string(cases) + " cases pass"),
             std::string::npos)
       << r.out;

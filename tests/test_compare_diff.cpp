@@ -263,10 +263,11 @@ TEST(CompareDiff, RegressionPolicyOnGoldenData) {
   auto models = discover_golden(golden_dir());
   ASSERT_EQ(models.size(), golden_models().size());
   for (const auto& m : models) {
-    // prefill, decode, chunked, and for two models HF generate's sample
-    // (model.safetensors is not a dump)
+    // prefill, decode, chunked, and for two models each HF generate's
+    // sample and batch (model.safetensors is not a dump)
     const bool sample = std::filesystem::exists(m.dir + "/sample.safetensors");
-    EXPECT_EQ(m.dumps.size(), sample ? 4u : 3u) << m.dir;
+    const bool batch = std::filesystem::exists(m.dir + "/batch.safetensors");
+    EXPECT_EQ(m.dumps.size(), 3u + (sample ? 1u : 0u) + (batch ? 1u : 0u)) << m.dir;
     for (const auto& d : m.dumps) EXPECT_EQ(d.find("model.safetensors"), std::string::npos);
   }
   RegressionPolicy p;

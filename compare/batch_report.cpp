@@ -1,0 +1,137 @@
+#include "compare/batch_report.h"
+
+#include <algorithm>
+#include <sstream>
+#include <tuple>
+
+#include "dumps/names.h"
+#include "dumps/sequences.h"
+
+namespace llmdiff::compare {
+
+namespace {
+
+std::optional<int> step_of(const std::optional<std::string>& name) {
+  if (!name) return std::nullopt;
+  const CanonName c = parse_name(*name);
+  return c.step >= 0 ? std::optional<int>(c.step) : std::nullopt;
+}
+
+std::string seq_list(const std::vector<int>& seqs) {
+  std::string s;
+  for (int b : seqs) s += (s.empty() ? "seq" : ", seq") + std::to_string(b);
+  return s;
+}
+
+}  // namespace
+
+int BatchBisect::exit_code() const {
+  int code = 0;
+  for (const SequenceBisect& s : sequences) code = std::max(code, s.result.exit_code());
+  return code;
+}
+
+BatchBisect summarise_batch(const TensorSource& cand, std::vector<SequenceBisect> sequences) {
+  BatchBisect b;
+  b.candidate_label = cand.label();
+  std::sort(sequences.begin(), sequences.end(), [](const auto& x, const auto& y) { return x.seq < y.seq; });
+  b.sequences = std::move(sequences);
+  // Engine order of a sequence's first wrong step: (iteration, row in it),
+  // else (sequence, step) when the dump names no iterations.
+  std::optional<std::tuple<int, int, int>> best;
+  for (size_t i = 0; i < b.sequences.size(); ++i) {
+    SequenceBisect& s = b.sequences[i];
+    if (s.result.ok()) continue;
+    s.step = step_of(s.result.first_divergence());
+    if (!s.step) s.step = step_of(s.result.first_local_failure());
+    std::tuple<int, int, int> key{1 << 30, s.seq, 1 << 30};  // no step named: after the others
+    if (s.step) s.iteration = engine_iteration(cand, s.seq, *s.step);
+    if (s.iteration) {
+      const auto members = iteration_members(cand, *s.iteration);
+      int row = 0;
+      while (row < int(members.size()) && members[size_t(row)].first != s.seq) ++row;
+      key = {*s.iteration, row, 0};
+    } else if (s.step) {
+      key = {1 << 30, s.seq, *s.step};  // after every sequence that has an iteration
+    }
+    if (!best || key < *best) {
+      best = key;
+      b.first = i;
+    }
+  }
+  const SequenceBisect* f = b.first_divergent();
+  if (f && f->iteration) {
+    for (const auto& [seq, step] : iteration_members(cand, *f->iteration)) {
+      if (seq == f->seq) continue;
+      auto it = std::find_if(b.sequences.begin(), b.sequences.end(), [&](const auto& s) { return s.seq == seq; });
+      if (it == b.sequences.end()) continue;
+      const bool affected = it->step && step >= 0 && *it->step <= step;
+      (affected ? b.iteration_affected : b.iteration_unaffected).push_back(seq);
+    }
+  }
+  return b;
+}
+
+std::string render_batch_table(const BatchBisect& b, const BisectTableOptions& opt) {
+  std::ostringstream o;
+  o << "several sequences in " << b.candidate_label << ": " << b.sequences.size()
+    << ", each bisected as its own forward calls against the reference running it alone\n";
+  o << "seq     steps  verdict   first divergence                                step  iteration  localised at\n";
+  for (const SequenceBisect& s : b.sequences) {
+    const auto first = s.result.first_divergence();
+    const auto at = s.result.localised_at();
+    char line[512];
+    std::snprintf(line, sizeof line, "seq%-4d %5d  %-8s  %-46s  %4s  %9s  %s\n", s.seq,
+                  int(s.result.scenario.steps.size()), s.result.ok() ? "ok" : "diverges",
+                  first ? first->c_str() : "-", s.step ? std::to_string(*s.step).c_str() : "-",
+                  s.iteration ? std::to_string(*s.iteration).c_str() : "-",
+                  s.result.ok() ? "-" : at.value_or("-").c_str());
+    o << line;
+  }
+  if (const SequenceBisect* f = b.first_divergent()) {
+    o << "first divergent sequence: seq" << f->seq;
+    if (f->step) o << " at step " << *f->step;
+    if (f->iteration) {
+      o << " (engine iteration " << *f->iteration << ")";
+      if (b.iteration_affected.empty() && b.iteration_unaffected.empty())
+        o << "; it ran alone in that iteration";
+      else if (b.iteration_affected.empty())
+        o << "; the other sequences of that iteration are unaffected (" << seq_list(b.iteration_unaffected)
+          << "): a fault of this sequence's own rows (its positions, mask, cache slots)";
+      else
+        o << "; sequences of the same iteration diverge with it (" << seq_list(b.iteration_affected)
+          << (b.iteration_unaffected.empty() ? "" : "; unaffected: " + seq_list(b.iteration_unaffected))
+          << "): a fault shared across the batch (one sequence reading another's keys, padding or packing)";
+    }
+    o << "\n";
+  } else {
+    o << "every sequence matches the reference\n";
+  }
+  for (const SequenceBisect& s : b.sequences) {
+    const bool show = opt.all || (b.first && &s == b.first_divergent());
+    if (!show) continue;
+    o << "\n== seq" << s.seq << "\n" << render_bisect_table(s.result, opt);
+  }
+  return o.str();
+}
+
+nlohmann::json batch_to_json(const BatchBisect& b) {
+  nlohmann::json j = {{"schema", kBatchBisectSchema}, {"candidate", b.candidate_label}};
+  nlohmann::json seqs = nlohmann::json::array();
+  for (const SequenceBisect& s : b.sequences) {
+    nlohmann::json e = {{"seq", s.seq}, {"ok", s.result.ok()}};
+    e["step"] = s.step ? nlohmann::json(*s.step) : nlohmann::json(nullptr);
+    e["iteration"] = s.iteration ? nlohmann::json(*s.iteration) : nlohmann::json(nullptr);
+    e["bisect"] = bisect_to_json(s.result);
+    seqs.push_back(e);
+  }
+  j["sequences"] = seqs;
+  const SequenceBisect* f = b.first_divergent();
+  j["first_divergent_sequence"] = f ? nlohmann::json(f->seq) : nlohmann::json(nullptr);
+  j["iteration_affected"] = b.iteration_affected;
+  j["iteration_unaffected"] = b.iteration_unaffected;
+  j["exit_code"] = b.exit_code();
+  return j;
+}
+
+}  // namespace llmdiff::compare

@@ -1,0 +1,50 @@
+// Bisection of a several-sequence dump (batched, packed or paged engines;
+// docs/DUMP_FORMAT.md "Several sequences"): each sequence is bisected as a
+// single-sequence dump of its own (dumps/sequences.h) against the reference
+// running that sequence alone. This file orders those results the way the
+// engine ran them and says which sequence went wrong first, in which engine
+// iteration, and whether the other sequences of that iteration went wrong
+// with it (a fault shared by the batch: a leak across sequences, padding,
+// packing) or not (a fault of that sequence's own rows). Renderers: table and
+// JSON (schema "llmdiff.bisect-batch/1", compare/README.md).
+#pragma once
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "compare/bisect_report.h"
+#include "compare/diagnose.h"
+#include "dumps/dump.h"
+
+namespace llmdiff::compare {
+
+inline constexpr const char* kBatchBisectSchema = "llmdiff.bisect-batch/1";
+
+struct SequenceBisect {
+  int seq = 0;
+  BisectResult result;
+  std::optional<int> step;       // the step of its first divergence (else of its first local failure)
+  std::optional<int> iteration;  // the engine iteration that ran that step (dumps with iter* names)
+};
+
+struct BatchBisect {
+  std::string candidate_label;
+  std::vector<SequenceBisect> sequences;  // ascending seq
+  std::optional<size_t> first;            // index of the sequence that went wrong first, in engine order
+  // The other sequences of the first one's iteration: those whose first
+  // divergence is at or before their step in that iteration, and the rest.
+  std::vector<int> iteration_affected, iteration_unaffected;
+  int exit_code() const;  // 0 when every sequence passes, else 1
+  const SequenceBisect* first_divergent() const { return first ? &sequences[*first] : nullptr; }
+};
+
+// Fills step and iteration of each result and the batch verdict; `cand` is
+// the several-sequence dump (its iter* names give the engine order; without
+// them the order is sequence by sequence).
+BatchBisect summarise_batch(const TensorSource& cand, std::vector<SequenceBisect> sequences);
+
+std::string render_batch_table(const BatchBisect& b, const BisectTableOptions& opt = {});
+nlohmann::json batch_to_json(const BatchBisect& b);
+
+}  // namespace llmdiff::compare
