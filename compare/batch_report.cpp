@@ -4,6 +4,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "compare/paged_kv.h"
 #include "dumps/names.h"
 #include "dumps/sequences.h"
 
@@ -59,6 +60,8 @@ BatchBisect summarise_batch(const TensorSource& cand, std::vector<SequenceBisect
       b.first = i;
     }
   }
+  for (const PagedKvFinding& p : check_paged_blocks_shared(cand))
+    b.notes.push_back("paged KV cache (" + p.kind + "), " + p.text);
   const SequenceBisect* f = b.first_divergent();
   if (f && f->iteration) {
     for (const auto& [seq, step] : iteration_members(cand, *f->iteration)) {
@@ -107,6 +110,7 @@ std::string render_batch_table(const BatchBisect& b, const BisectTableOptions& o
   } else {
     o << "every sequence matches the reference\n";
   }
+  for (const std::string& n : b.notes) o << "note: " << n << "\n";
   for (const SequenceBisect& s : b.sequences) {
     const bool show = opt.all || (b.first && &s == b.first_divergent());
     if (!show) continue;
@@ -130,6 +134,7 @@ nlohmann::json batch_to_json(const BatchBisect& b) {
   j["first_divergent_sequence"] = f ? nlohmann::json(f->seq) : nlohmann::json(nullptr);
   j["iteration_affected"] = b.iteration_affected;
   j["iteration_unaffected"] = b.iteration_unaffected;
+  j["notes"] = b.notes;
   j["exit_code"] = b.exit_code();
   return j;
 }

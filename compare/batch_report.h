@@ -35,6 +35,8 @@ struct BatchBisect {
   // The other sequences of the first one's iteration: those whose first
   // divergence is at or before their step in that iteration, and the rest.
   std::vector<int> iteration_affected, iteration_unaffected;
+  // Findings across sequences (a paged cache's block in two live sequences' tables).
+  std::vector<std::string> notes;
   int exit_code() const;  // 0 when every sequence passes, else 1
   const SequenceBisect* first_divergent() const { return first ? &sequences[*first] : nullptr; }
 };

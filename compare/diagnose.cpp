@@ -1,4 +1,5 @@
 #include "compare/diagnose.h"
+#include "compare/paged_kv.h"
 
 #include <algorithm>
 #include <cmath>
@@ -1066,9 +1067,12 @@ BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, 
                           clean ? &second_local : nullptr);
     std::vector<std::string> missing;
     // Step tokens are the run's inputs; sample.* the sampler's (judged by
-    // compare/sampling_check.h).
+    // compare/sampling_check.h); kv.* a paged cache's bookkeeping (checked
+    // by compare/paged_kv.h).
     for (const auto& n : r.local.not_recomputed)
-      if (parse_name(n).site != "tokens" && n.find("sample.") == std::string::npos) missing.push_back(n);
+      if (parse_name(n).site != "tokens" && n.find("sample.") == std::string::npos &&
+          n.find(".kv.") == std::string::npos)
+        missing.push_back(n);
     if (!missing.empty())
       r.notes.push_back(std::to_string(missing.size()) +
                         " candidate names have no local recompute (their inputs are not in the dump and cannot be "
@@ -1083,6 +1087,9 @@ BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, 
                         std::to_string(t.metrics.ref_nonfinite.total()) + ")");
       break;
     }
+  // A paged KV cache's own bookkeeping (kv.* names), whatever the values say.
+  for (const PagedKvFinding& f : check_paged_sequence(cand))
+    r.notes.push_back("paged KV cache (" + f.kind + "), " + f.text);
   if (!r.global.ok() && !r.declare_dtype && r.local.ran && !r.local.first_failure)
     for (const LocalSite& s : r.local.sites)
       if (s.stored_as) {

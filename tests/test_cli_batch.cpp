@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -147,4 +148,93 @@ TEST(CliBatch, SequencesOfOneIterationGoingWrongTogetherAreReportedTogether) {
   EXPECT_NE(text.out.find("sequences of the same iteration diverge with it (seq2; unaffected: seq1)"),
             std::string::npos)
       << text.out;
+}
+
+namespace {
+
+TensorData int_tensor(const std::string& name, std::vector<int64_t> v) {
+  TensorData t;
+  t.name = name;
+  t.shape = {int64_t(v.size())};
+  t.is_int = true;
+  t.stored = DType::I64;
+  t.i = std::move(v);
+  return t;
+}
+
+// HF's llama-gqa batch with the bookkeeping of a paged cache of block size 2
+// added (blocks handed out in engine order, never shared), then `spoil`.
+std::string paged_batch(const std::string& stem, const std::function<void(MemoryDump&)>& spoil) {
+  return changed_golden("llama-gqa", "batch", stem, [&](MemoryDump& d) {
+    d.mutable_manifest().extra["kv_cache"] = R"({"kind": "paged", "block_size": 2, "num_blocks": 64})";
+    std::map<int64_t, std::vector<int64_t>> tables;
+    std::map<int64_t, int64_t> held;
+    int64_t next_block = 0;
+    for (int n = 0; d.has("iter" + std::to_string(n) + ".seqs"); ++n) {
+      const std::string it = "iter" + std::to_string(n) + ".";
+      const std::vector<int64_t> seqs = d.get(it + "seqs").i, steps = d.get(it + "seq_steps").i;
+      for (size_t r = 0; r < seqs.size(); ++r) {
+        const std::string p = "seq" + std::to_string(seqs[r]) + ".step" + std::to_string(steps[r]) + ".";
+        const int64_t T = d.shape(p + "tokens")[0], P = held[seqs[r]], S = P + T;
+        std::vector<int64_t>& table = tables[seqs[r]];
+        while (int64_t(table.size()) * 2 < S) table.push_back(next_block++);
+        std::vector<int64_t> slots;
+        for (int64_t pos = P; pos < S; ++pos) slots.push_back(table[size_t(pos / 2)] * 2 + pos % 2);
+        d.put(int_tensor(p + "kv.block_table", table));
+        d.put(int_tensor(p + "kv.slot_mapping", slots));
+        d.put(int_tensor(p + "kv.context_len", {S}));
+        held[seqs[r]] = S;
+      }
+    }
+    spoil(d);
+  });
+}
+
+std::string notes_of(const nlohmann::json& j) {
+  std::string all;
+  for (const auto& n : j["notes"]) all += n.get<std::string>() + "\n";
+  for (const auto& s : j["sequences"])
+    for (const auto& n : s["bisect"]["notes"])
+      all += "seq" + std::to_string(s["seq"].get<int>()) + ": " + n.get<std::string>() + "\n";
+  return all;
+}
+
+}  // namespace
+
+TEST(CliBatch, APagedCachesBookkeepingIsCheckedAndItsFaultsNamed) {
+  int code = -1;
+  const auto clean = bisect_json("llama-gqa", paged_batch("paged-clean", [](MemoryDump&) {}), &code);
+  EXPECT_EQ(code, 0);
+  EXPECT_EQ(notes_of(clean), "");
+
+  const auto spoiled = bisect_json("llama-gqa", paged_batch("paged-spoiled", [](MemoryDump& d) {
+    // seq1 step 2 writes its token one slot further on; seq2 step 3 reads
+    // one position too many; seq2's first block at step 3 is seq0's.
+    TensorData slots = d.get("seq1.step2.kv.slot_mapping");
+    slots.i[0] += 1;
+    d.put(slots);
+    TensorData ctx = d.get("seq2.step3.kv.context_len");
+    ctx.i[0] += 1;
+    d.put(ctx);
+    TensorData table = d.get("seq2.step3.kv.block_table");
+    table.i[0] = d.get("seq0.step3.kv.block_table").i[0];
+    d.put(table);
+  }), &code);
+  const std::string notes = notes_of(spoiled);
+  EXPECT_NE(notes.find("seq1: paged KV cache (slot-mapping), step 2: kv.slot_mapping writes position"),
+            std::string::npos) << notes;
+  EXPECT_NE(notes.find("every slot of this call off by 1"), std::string::npos) << notes;
+  EXPECT_NE(notes.find("seq2: paged KV cache (context-length), step 3: kv.context_len"), std::string::npos) << notes;
+  EXPECT_NE(notes.find("one too long (attention reads a stale slot)"), std::string::npos) << notes;
+  EXPECT_NE(notes.find("paged KV cache (block-shared), engine iteration 3: block"), std::string::npos) << notes;
+  EXPECT_NE(notes.find("in the block tables of seq0 (step 3) and seq2 (step 3)"), std::string::npos) << notes;
+
+  // A malformed kv_cache manifest is an input error naming the key.
+  const std::string bad = paged_batch("paged-bad", [](MemoryDump& d) {
+    d.mutable_manifest().extra["kv_cache"] = R"({"kind": "paged"})";
+  });
+  const CliRun r = run_cli({"bisect", "--model", golden_model("llama-gqa"), bad, "--threads", "1"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.error.find("kv_cache"), std::string::npos) << r.error;
+  EXPECT_NE(r.error.find("block_size"), std::string::npos) << r.error;
 }
