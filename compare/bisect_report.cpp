@@ -275,6 +275,8 @@ std::string render_bisect_table(const BisectResult& r, const BisectTableOptions&
     else if (r.declare_kv_cache)
       o += std::string("precision, not a bug: declare the KV cache as ") + compute_dtype_name(*r.declare_kv_cache) +
            "\n";
+    else if (d.basis == "kv-ring")
+      o += "a ring KV cache that wrapped, not a bug of the model's ops\n";
     else if (r.layout)
       o += std::string("the engine's own layout, not a bug (") + finding_kind_name(r.layout->kind) +
            (r.layout->rope.empty() ? "" : ", RoPE pairs " + r.layout->rope) + ")\n";

@@ -970,6 +970,37 @@ void explain_by_layout(BisectResult& r) {
 
 }  // namespace
 
+namespace {
+
+// A ring-buffer cache that wrapped: said at the step it wraps, and when the
+// error starts there (nothing wrong before it), it is the finding instead of
+// a bug of the model's ops.
+void explain_by_ring_wrap(BisectResult& r, const TensorSource& cand) {
+  const std::optional<RingWrap> w = ring_wrap(cand);
+  if (!w) return;
+  r.notes.push_back(w->text);
+  const std::optional<std::string> at = r.localised_at();
+  if (r.ok() || !at) return;
+  const int step = parse_name(*at).step;
+  const std::optional<std::string> first = r.first_divergence();
+  if (step < w->step || (first && parse_name(*first).step < w->step)) return;
+  r.diagnosis.needed = true;
+  r.diagnosis.bug.reset();
+  r.layout.reset();
+  r.diagnosis.description.clear();
+  r.diagnosis.ambiguous.clear();
+  r.diagnosis.focus = *at;
+  r.diagnosis.basis = "kv-ring";
+  r.diagnosis.evidence = "no bug of the model's ops: the error starts at step " + std::to_string(step) + " (" + *at +
+                         "), where the ring KV cache of capacity " + std::to_string(w->capacity) +
+                         " has wrapped (S = " + std::to_string(w->S) + " at step " + std::to_string(w->step) +
+                         ": positions < " + std::to_string(w->S - w->capacity) +
+                         " overwritten) and nothing diverges before it. HF attends to every position: compare "
+                         "the steps before the wrap, or give the cache at least the sequence's length";
+}
+
+}  // namespace
+
 BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, const LocalOracle* oracle,
                     const HypothesisRunner* hypotheses, const BisectOptions& opt) {
   auto done = [&](const std::string& what) {
@@ -1138,6 +1169,7 @@ BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, 
     r.diagnosis.focus = r.localised_at().value_or("");
     r.diagnosis.evidence = "diagnosis not requested";
   }
+  explain_by_ring_wrap(r, cand);
   if (const std::optional<std::string> at = r.localised_at()) r.heatmap = error_heatmap(*at, *ref, cand);
   if (!r.heatmap) r.heatmap = r.global.heatmap;
   return r;

@@ -168,4 +168,21 @@ std::vector<PagedKvFinding> check_paged_blocks_shared(const TensorSource& batch)
   return out;
 }
 
+std::optional<RingWrap> ring_wrap(const TensorSource& d) {
+  const KvCacheLayout layout = manifest_kv_cache(d.manifest(), d.label());
+  if (layout.kind != "ring") return std::nullopt;
+  const std::vector<StepSpan> sp = spans(d);
+  for (int step = 0; step < int(sp.size()); ++step) {
+    const int64_t S = sp[size_t(step)].P + sp[size_t(step)].T;
+    if (S <= layout.capacity) continue;
+    RingWrap w{layout.capacity, step, S, ""};
+    w.text = "ring KV cache of capacity " + std::to_string(layout.capacity) + " (manifest kv_cache): at step " +
+             std::to_string(step) + " the sequence holds " + std::to_string(S) + " positions, so positions < " +
+             std::to_string(S - layout.capacity) + " were overwritten; from this step the engine's attention no "
+             "longer reads what HF's does";
+    return w;
+  }
+  return std::nullopt;
+}
+
 }  // namespace llmdiff::compare

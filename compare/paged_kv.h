@@ -9,6 +9,7 @@
 // before its sequence finished).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,5 +40,16 @@ std::vector<PagedKvFinding> check_paged_sequence(const TensorSource& d, int seq 
 // Across the sequences of a several-sequence dump: a block in the tables of
 // two sequences of one engine iteration (iter{N}.seqs).
 std::vector<PagedKvFinding> check_paged_blocks_shared(const TensorSource& batch);
+
+// A ring-buffer cache (manifest kv_cache {"kind": "ring", "capacity": C},
+// Loom's `pos % MaxSeqLen`): the first step whose sequence holds more than C
+// positions, where positions < S - C have been overwritten.
+struct RingWrap {
+  int64_t capacity = 0;
+  int step = 0;
+  int64_t S = 0;     // positions the sequence holds at that step
+  std::string text;  // the finding, with its numbers
+};
+std::optional<RingWrap> ring_wrap(const TensorSource& d);
 
 }  // namespace llmdiff::compare

@@ -238,3 +238,48 @@ TEST(CliBatch, APagedCachesBookkeepingIsCheckedAndItsFaultsNamed) {
   EXPECT_NE(r.error.find("kv_cache"), std::string::npos) << r.error;
   EXPECT_NE(r.error.find("block_size"), std::string::npos) << r.error;
 }
+
+TEST(CliKvRing, ARingCacheThatWrappedIsTheFindingFromTheStepItWraps) {
+  // HF's llama-gqa decode: S = 5, 6, 7, 8 over its four calls. A ring of 6
+  // wraps at step 2; an engine reading only its last 6 keys there differs
+  // from HF (simulated: that step's attention output changed).
+  auto ring_dump = [](const std::string& stem, int capacity, const std::string& spoil) {
+    return changed_golden("llama-gqa", "decode", stem, [&](MemoryDump& d) {
+      d.mutable_manifest().extra["kv_cache"] = R"({"kind": "ring", "capacity": )" + std::to_string(capacity) + "}";
+      if (!spoil.empty()) scale(d, spoil, 1.3f);
+    });
+  };
+  auto bisect_of = [](const std::string& path) {
+    const CliRun r = run_cli({"bisect", "--model", golden_model("llama-gqa"), path, "--json", "--threads", "1"});
+    EXPECT_EQ(r.code, 1) << r.error << r.out;
+    return nlohmann::json::parse(r.out);
+  };
+  auto notes = [](const nlohmann::json& j) {
+    std::string all;
+    for (const auto& n : j["notes"]) all += n.get<std::string>() + "\n";
+    return all;
+  };
+  const auto wrapped = bisect_of(ring_dump("ring-wrapped", 6, "step2.layers.0.attn.ctx"));
+  EXPECT_EQ(wrapped["diagnosis"]["basis"], "kv-ring") << wrapped["diagnosis"].dump(1);
+  EXPECT_TRUE(wrapped["diagnosis"]["bug"].is_null());
+  const std::string ev = wrapped["diagnosis"]["evidence"];
+  EXPECT_NE(ev.find("the error starts at step 2 (step2.layers.0.attn.ctx)"), std::string::npos) << ev;
+  EXPECT_NE(ev.find("ring KV cache of capacity 6"), std::string::npos) << ev;
+  EXPECT_NE(notes(wrapped).find("at step 2 the sequence holds 7 positions, so positions < 1 were overwritten"),
+            std::string::npos)
+      << notes(wrapped);
+  const CliRun text = run_cli({"bisect", "--model", golden_model("llama-gqa"),
+                               ring_dump("ring-text", 6, "step2.layers.0.attn.ctx"), "--threads", "1"});
+  EXPECT_NE(text.out.find("a ring KV cache that wrapped, not a bug of the model's ops"), std::string::npos)
+      << text.out;
+
+  // Wrong before the wrap: a bug as usual, the wrap still noted.
+  const auto early = bisect_of(ring_dump("ring-early", 6, "step1.layers.0.attn.ctx"));
+  EXPECT_NE(early["diagnosis"]["basis"], "kv-ring");
+  EXPECT_NE(notes(early).find("ring KV cache of capacity 6"), std::string::npos);
+
+  // A ring as long as the sequence never wraps.
+  const auto roomy = bisect_of(ring_dump("ring-roomy", 8, "step2.layers.0.attn.ctx"));
+  EXPECT_NE(roomy["diagnosis"]["basis"], "kv-ring");
+  EXPECT_EQ(notes(roomy).find("ring KV cache"), std::string::npos) << notes(roomy);
+}
