@@ -65,21 +65,28 @@ int emit_bisect(const compare::BisectResult& r, const BisectCliOptions& o, const
   return code;
 }
 
-int emit_batch_bisect(const compare::BatchBisect& b, const BisectCliOptions& o) {
+int emit_batch_bisect(const compare::BatchBisect& b, const BisectCliOptions& o,
+                      const compare::SamplingCheck* sampling) {
+  const bool sampler_fails = sampling && sampling->verdict == compare::SamplingCheck::Verdict::Fail;
+  const int code = std::max(b.exit_code(), sampler_fails ? 1 : 0);
   const compare::SequenceBisect* shown = b.first_divergent() ? b.first_divergent() : &b.sequences.front();
   if (!o.report.empty()) write_file_atomic(o.report, compare::render_bisect_markdown(shown->result));
   if (!o.html.empty()) write_file_atomic(o.html, compare::render_bisect_html(shown->result));
   std::string text;
   if (o.json) {
-    text = compare::batch_to_json(b).dump(2) + "\n";
+    nlohmann::json j = compare::batch_to_json(b);
+    if (sampling) j["sampling"] = compare::sampling_check_to_json(*sampling);
+    j["exit_code"] = code;
+    text = j.dump(2) + "\n";
   } else {
     compare::BisectTableOptions t;
     t.all = o.all;
     text = compare::render_batch_table(b, t);
+    if (sampling) text += "\n" + compare::render_sampling_check(*sampling);
   }
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fflush(stdout);
-  return b.exit_code();
+  return code;
 }
 
 }  // namespace llmdiff::cli

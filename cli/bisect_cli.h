@@ -36,6 +36,7 @@ int emit_bisect(const compare::BisectResult& r, const BisectCliOptions& o,
                 const compare::SamplingCheck* sampling = nullptr);
 // The same for a several-sequence candidate: the batch table or JSON; the
 // Markdown and HTML reports are the first divergent sequence's (else seq0's).
-int emit_batch_bisect(const compare::BatchBisect& b, const BisectCliOptions& o);
+int emit_batch_bisect(const compare::BatchBisect& b, const BisectCliOptions& o,
+                      const compare::SamplingCheck* sampling = nullptr);
 
 }  // namespace llmdiff::cli

@@ -32,22 +32,26 @@ int run_bisect(const BisectCommandOptions& o) {
   PhaseLog log(o.bisect.verbose);
   bisect::ModelOracles m(o.model, o.bisect.threads);
   log("model loaded");
+  // A candidate that samples: its sampler against HF's processors applied to
+  // its own next_logits (a model bug is not a sampler bug), every sequence.
+  auto sampling_check = [&]() -> std::optional<compare::SamplingCheck> {
+    for (const std::string& n : cand.names())
+      if (n.find(".sample.") != std::string::npos) {
+        compare::SamplingCheck c = compare::check_sampling(cand);
+        log("sampling check");
+        return c;
+      }
+    return std::nullopt;
+  };
   if (!dump_sequences(cand).empty()) {
     // Several sequences: each bisected against the reference running it alone.
     if (!o.source.empty()) throw UsageError("--source: a several-sequence candidate is not supported");
     const compare::BatchBisect b = bisect::bisect_batch(m, cand, bisect_options(o.bisect, &log));
-    return emit_batch_bisect(b, o.bisect);
+    const std::optional<compare::SamplingCheck> sampling = sampling_check();
+    return emit_batch_bisect(b, o.bisect, sampling ? &*sampling : nullptr);
   }
   compare::BisectResult r = bisect::bisect_candidate(m, cand, bisect_options(o.bisect, &log));
-  // A candidate that samples: its sampler against HF's processors applied to
-  // its own next_logits (a model bug is not a sampler bug).
-  std::optional<compare::SamplingCheck> sampling;
-  for (const std::string& n : cand.names())
-    if (n.find(".sample.") != std::string::npos) {
-      sampling = compare::check_sampling(cand);
-      log("sampling check");
-      break;
-    }
+  const std::optional<compare::SamplingCheck> sampling = sampling_check();
   const int code = emit_bisect(r, o.bisect, sampling ? &*sampling : nullptr);
   std::ostream& extra = o.bisect.json ? std::cerr : std::cout;
   if (!o.source.empty()) {

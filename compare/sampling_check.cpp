@@ -1,4 +1,5 @@
 #include "compare/sampling_check.h"
+#include "dumps/sequences.h"
 
 #include <algorithm>
 #include <cctype>
@@ -20,16 +21,9 @@ namespace {
 
 // The sequences of a dump: "seq{b}." prefixes, or one unprefixed sequence.
 std::vector<std::pair<int, std::string>> sequences_of(const TensorSource& d) {
-  std::set<int> seqs;
-  for (const std::string& n : d.names()) {
-    if (n.compare(0, 3, "seq") != 0) continue;
-    size_t i = 3;
-    while (i < n.size() && std::isdigit(static_cast<unsigned char>(n[i]))) ++i;
-    if (i > 3 && i < n.size() && n[i] == '.') seqs.insert(std::stoi(n.substr(3, i - 3)));
-  }
   std::vector<std::pair<int, std::string>> out;
-  if (seqs.empty()) out.push_back({-1, ""});
-  for (int b : seqs) out.push_back({b, "seq" + std::to_string(b) + "."});
+  for (int b : dump_sequences(d)) out.push_back({b, sequence_prefix(b)});
+  if (out.empty()) out.push_back({-1, ""});
   return out;
 }
 

@@ -15,6 +15,7 @@
 #include "dumps/errors.h"
 #include "dumps/names.h"
 #include "dumps/sequences.h"
+#include "dumps/sampling.h"
 #include "tests/cli_runner.h"
 #include "tests/support.h"
 
@@ -282,4 +283,52 @@ TEST(CliKvRing, ARingCacheThatWrappedIsTheFindingFromTheStepItWraps) {
   const auto roomy = bisect_of(ring_dump("ring-roomy", 8, "step2.layers.0.attn.ctx"));
   EXPECT_NE(roomy["diagnosis"]["basis"], "kv-ring");
   EXPECT_EQ(notes(roomy).find("ring KV cache"), std::string::npos) << notes(roomy);
+}
+
+TEST(CliBatch, EachSequencesSamplerIsCheckedOnItsOwnLogits) {
+  // Two impl runs that sample, one with the sampler bug that applies the
+  // temperature twice, written as seq0 and seq1 of one dump with their own
+  // sampling parameters: the forward passes match, seq1's sampler fails.
+  const std::string params = "temperature=0.7,top_k=40,top_p=0.9,seed=1";
+  auto sampled = [&](const std::string& stem, const std::vector<std::string>& extra) {
+    const std::string out = temp_path(stem) + ".st";
+    std::vector<std::string> args = {"dump", "--engine", "impl", "--model", golden_model("llama-gqa"),
+                                     "--tokens", "307,215,327,320,379", "--decode", "3", "--sample", params,
+                                     "--out", out};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const CliRun r = run_cli(args);
+    EXPECT_EQ(r.code, 0) << r.error;
+    return out;
+  };
+  const DumpFile good(sampled("batch-sample-good", {}));
+  const DumpFile bad(sampled("batch-sample-bad", {"--inject", "sampler-temperature-twice"}));
+  MemoryDump batch("two samplers");
+  batch.mutable_manifest() = good.manifest();
+  batch.mutable_manifest().extra.erase(sampling_manifest_key());
+  for (int b = 0; b < 2; ++b) {
+    const DumpFile& src = b == 0 ? good : bad;
+    set_manifest_sampling(batch.mutable_manifest(), *manifest_sampling(src.manifest(), src.label()), b);
+    for (const auto& n : src.names()) {
+      TensorData t = src.get(n);
+      if (n != "rope.inv_freq") t.name = sequence_prefix(b) + n;
+      batch.put(t);
+    }
+  }
+  const std::string path = temp_path("batch-sample") + ".st";
+  batch.save(path);
+
+  const CliRun r = run_cli({"bisect", "--model", golden_model("llama-gqa"), path, "--json", "--threads", "1"});
+  EXPECT_EQ(r.code, 1) << r.error << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j["first_divergent_sequence"].is_null()) << r.out;  // the forward passes agree
+  ASSERT_TRUE(j.contains("sampling"));
+  EXPECT_EQ(j["sampling"]["verdict"], "fail");
+  ASSERT_EQ(j["sampling"]["sequences"].size(), 2u);
+  for (const auto& s : j["sampling"]["sequences"]) {
+    bool all_pass = true;
+    for (const auto& st : s["steps"]) all_pass = all_pass && st["pass"].get<bool>();
+    EXPECT_EQ(all_pass, s["seq"] == 0) << s.dump(1);
+    EXPECT_EQ(s["params_from"], "manifest 'sampling.seq" + std::to_string(s["seq"].get<int>()) + "'");
+  }
+  EXPECT_EQ(j["exit_code"], 1);
 }
