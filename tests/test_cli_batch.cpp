@@ -332,3 +332,42 @@ TEST(CliBatch, EachSequencesSamplerIsCheckedOnItsOwnLogits) {
   }
   EXPECT_EQ(j["exit_code"], 1);
 }
+
+TEST(CliBatch, EngineOrderFollowsTheIterationsOfAContinuousBatch) {
+  // The same sequences rescheduled as a continuous-batching engine runs
+  // them: seq0 alone first, seq1 joining at iteration 1, seq2 at 2, each
+  // leaving after its 4 steps. seq0 wrong at its step 3 (iteration 3) and
+  // seq2 at its step 0 (iteration 2): seq2 went wrong first.
+  const std::string path = changed_golden("llama-gqa", "batch", "batch-continuous", [](MemoryDump& d) {
+    for (int n = 0; n < 4; ++n)
+      for (const char* f : {"seqs", "seq_steps", "num_tokens"}) d.erase("iter" + std::to_string(n) + "." + f);
+    for (int n = 0; n < 6; ++n) {
+      std::vector<int64_t> seqs, steps, tokens;
+      for (int b = 0; b < 3; ++b) {
+        const int step = n - b;
+        if (step < 0 || step > 3) continue;
+        seqs.push_back(b);
+        steps.push_back(step);
+        tokens.push_back(d.shape("seq" + std::to_string(b) + ".step" + std::to_string(step) + ".tokens")[0]);
+      }
+      const std::string it = "iter" + std::to_string(n) + ".";
+      d.put(int_tensor(it + "seqs", seqs));
+      d.put(int_tensor(it + "seq_steps", steps));
+      d.put(int_tensor(it + "num_tokens", tokens));
+    }
+    scale(d, "seq0.step3.layers.0.mlp.down", 1.5f);
+    scale(d, "seq2.step0.layers.1.attn.ctx", 1.5f);
+  });
+  int code = -1;
+  const auto j = bisect_json("llama-gqa", path, &code);
+  EXPECT_EQ(code, 1);
+  EXPECT_EQ(j["first_divergent_sequence"], 2) << j.dump(1);
+  EXPECT_EQ(j["sequences"][2]["step"], 0);
+  EXPECT_EQ(j["sequences"][2]["iteration"], 2);
+  EXPECT_EQ(j["sequences"][0]["step"], 3);
+  EXPECT_EQ(j["sequences"][0]["iteration"], 3);
+  EXPECT_TRUE(j["sequences"][1]["ok"].get<bool>());
+  // In iteration 2 seq0 ran its step 2 and seq1 its step 1: both still right.
+  EXPECT_EQ(j["iteration_unaffected"], (std::vector<int>{0, 1}));
+  EXPECT_TRUE(j["iteration_affected"].empty());
+}
