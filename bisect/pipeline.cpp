@@ -319,6 +319,7 @@ compare::BisectResult bisect_candidate(const ModelOracles& m, const TensorSource
 }
 
 compare::BatchBisect bisect_batch(const ModelOracles& m, const TensorSource& cand, compare::BisectOptions opt) {
+  validate_iterations(cand);
   std::vector<compare::SequenceBisect> results;
   for (int b : dump_sequences(cand)) {
     const SequenceView view(cand, b);

@@ -1,6 +1,7 @@
 #include "dumps/sequences.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "dumps/errors.h"
@@ -116,6 +117,45 @@ std::optional<int> engine_iteration(const TensorSource& d, int b, int step) {
     for (const auto& [seq, s] : iteration_members(d, n))
       if (seq == b && s == step) return n;
   return std::nullopt;
+}
+
+void validate_iterations(const TensorSource& d) {
+  std::map<int, int> last_step;  // sequence -> its step in the latest iteration seen
+  for (int n = 0; d.has("iter" + std::to_string(n) + ".seqs"); ++n) {
+    const std::string it = "iter" + std::to_string(n) + ".";
+    const std::vector<std::pair<int, int>> members = iteration_members(d, n);
+    std::vector<int64_t> tokens;
+    if (d.has(it + "num_tokens")) {
+      tokens = ints(d, it + "num_tokens");
+      if (tokens.size() != members.size())
+        throw FormatError(d.label(), it + "num_tokens",
+                          "has " + std::to_string(tokens.size()) + " entries, " + it + "seqs " +
+                              std::to_string(members.size()));
+    }
+    std::set<int> seen;
+    for (size_t i = 0; i < members.size(); ++i) {
+      const auto [b, step] = members[i];
+      const std::string where = it + (step < 0 ? "seqs" : "seq_steps");
+      if (!seen.insert(b).second)
+        throw FormatError(d.label(), it + "seqs", "lists seq" + std::to_string(b) + " twice");
+      if (step < 0) continue;  // no seq_steps: nothing more to check
+      const std::string tok = sequence_prefix(b) + "step" + std::to_string(step) + ".tokens";
+      if (!d.has(tok))
+        throw FormatError(d.label(), where,
+                          "names step " + std::to_string(step) + " of seq" + std::to_string(b) + ", which the dump "
+                          "does not hold (no " + tok + ")");
+      if (!tokens.empty() && numel(d.shape(tok)) != tokens[i])
+        throw FormatError(d.label(), it + "num_tokens",
+                          "gives seq" + std::to_string(b) + " " + std::to_string(tokens[i]) + " tokens at its step " +
+                              std::to_string(step) + ", " + tok + " holds " + std::to_string(numel(d.shape(tok))));
+      auto prev = last_step.find(b);
+      if (prev != last_step.end() && step <= prev->second)
+        throw FormatError(d.label(), where,
+                          "runs step " + std::to_string(step) + " of seq" + std::to_string(b) +
+                              " after its step " + std::to_string(prev->second) + " (steps must follow each other)");
+      last_step[b] = step;
+    }
+  }
 }
 
 }  // namespace llmdiff

@@ -51,4 +51,11 @@ std::optional<int> engine_iteration(const TensorSource& d, int b, int step);
 // (empty when the dump has no iter{N}.seqs).
 std::vector<std::pair<int, int>> iteration_members(const TensorSource& d, int iteration);
 
+// Checks the engine iterations against the sequences: iter{N}.seqs,
+// seq_steps and num_tokens of one length, every (sequence, step) they name
+// present (its step{n}.tokens) with that many tokens, no sequence twice in
+// one iteration, each sequence's steps in increasing iterations. Throws
+// FormatError naming the iteration tensor.
+void validate_iterations(const TensorSource& d);
+
 }  // namespace llmdiff

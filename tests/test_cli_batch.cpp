@@ -371,3 +371,34 @@ TEST(CliBatch, EngineOrderFollowsTheIterationsOfAContinuousBatch) {
   EXPECT_EQ(j["iteration_unaffected"], (std::vector<int>{0, 1}));
   EXPECT_TRUE(j["iteration_affected"].empty());
 }
+
+TEST(CliBatch, IterationsThatNameMissingOrDisorderedStepsAreInputErrors) {
+  struct Case {
+    std::string stem, tensor, words;
+    std::function<void(MemoryDump&)> spoil;
+  };
+  const std::vector<Case> cases = {
+      {"iter-missing-step", "iter1.seq_steps", "names step 9 of seq1",
+       [](MemoryDump& d) { d.put(int_tensor("iter1.seq_steps", {1, 9, 1})); }},
+      {"iter-tokens", "iter0.num_tokens", "gives seq0 2 tokens at its step 0",
+       [](MemoryDump& d) {
+         TensorData t = d.get("iter0.num_tokens");
+         t.i[0] = 2;
+         d.put(t);
+       }},
+      {"iter-twice", "iter2.seqs", "lists seq0 twice",
+       [](MemoryDump& d) { d.put(int_tensor("iter2.seqs", {0, 0, 2})); }},
+      {"iter-order", "iter3.seq_steps", "runs step 1 of seq2 after its step 2",
+       [](MemoryDump& d) { d.put(int_tensor("iter3.seq_steps", {3, 3, 1})); }},
+      {"iter-length", "iter1.seq_steps", "has 2 entries",
+       [](MemoryDump& d) { d.put(int_tensor("iter1.seq_steps", {1, 1})); }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.stem);
+    const std::string path = changed_golden("llama-gqa", "batch", c.stem, c.spoil);
+    const CliRun r = run_cli({"bisect", "--model", golden_model("llama-gqa"), path, "--threads", "1"});
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.error.find(c.tensor), std::string::npos) << r.error;
+    EXPECT_NE(r.error.find(c.words), std::string::npos) << r.error;
+  }
+}
