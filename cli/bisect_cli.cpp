@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 
 #include "compare/bisect_report.h"
 #include "compare/report.h"
@@ -43,21 +44,28 @@ compare::BisectOptions bisect_options(const BisectCliOptions& o, const PhaseLog*
   return b;
 }
 
-int emit_bisect(const compare::BisectResult& r, const BisectCliOptions& o, const compare::SamplingCheck* sampling) {
+namespace {
+
+// What a single-sequence and a batched bisection print alike: `shown`'s
+// Markdown and HTML reports, the JSON or the table with the sampler check
+// beside it, and the exit code, which counts a failing sampler.
+int emit_result(int result_code, const compare::BisectResult& shown, const std::function<nlohmann::json()>& to_json,
+                const std::function<std::string(const compare::BisectTableOptions&)>& to_table,
+                const BisectCliOptions& o, const compare::SamplingCheck* sampling) {
   const bool sampler_fails = sampling && sampling->verdict == compare::SamplingCheck::Verdict::Fail;
-  const int code = std::max(r.exit_code(), sampler_fails ? 1 : 0);
-  if (!o.report.empty()) write_file_atomic(o.report, compare::render_bisect_markdown(r));
-  if (!o.html.empty()) write_file_atomic(o.html, compare::render_bisect_html(r));
+  const int code = std::max(result_code, sampler_fails ? 1 : 0);
+  if (!o.report.empty()) write_file_atomic(o.report, compare::render_bisect_markdown(shown));
+  if (!o.html.empty()) write_file_atomic(o.html, compare::render_bisect_html(shown));
   std::string text;
   if (o.json) {
-    nlohmann::json j = compare::bisect_to_json(r);
+    nlohmann::json j = to_json();
     if (sampling) j["sampling"] = compare::sampling_check_to_json(*sampling);
     j["exit_code"] = code;
     text = j.dump(2) + "\n";
   } else {
     compare::BisectTableOptions t;
     t.all = o.all;
-    text = compare::render_bisect_table(r, t);
+    text = to_table(t);
     if (sampling) text += "\n" + compare::render_sampling_check(*sampling);
   }
   std::fwrite(text.data(), 1, text.size(), stdout);
@@ -65,28 +73,20 @@ int emit_bisect(const compare::BisectResult& r, const BisectCliOptions& o, const
   return code;
 }
 
+}  // namespace
+
+int emit_bisect(const compare::BisectResult& r, const BisectCliOptions& o, const compare::SamplingCheck* sampling) {
+  return emit_result(
+      r.exit_code(), r, [&] { return compare::bisect_to_json(r); },
+      [&](const compare::BisectTableOptions& t) { return compare::render_bisect_table(r, t); }, o, sampling);
+}
+
 int emit_batch_bisect(const compare::BatchBisect& b, const BisectCliOptions& o,
                       const compare::SamplingCheck* sampling) {
-  const bool sampler_fails = sampling && sampling->verdict == compare::SamplingCheck::Verdict::Fail;
-  const int code = std::max(b.exit_code(), sampler_fails ? 1 : 0);
   const compare::SequenceBisect* shown = b.first_divergent() ? b.first_divergent() : &b.sequences.front();
-  if (!o.report.empty()) write_file_atomic(o.report, compare::render_bisect_markdown(shown->result));
-  if (!o.html.empty()) write_file_atomic(o.html, compare::render_bisect_html(shown->result));
-  std::string text;
-  if (o.json) {
-    nlohmann::json j = compare::batch_to_json(b);
-    if (sampling) j["sampling"] = compare::sampling_check_to_json(*sampling);
-    j["exit_code"] = code;
-    text = j.dump(2) + "\n";
-  } else {
-    compare::BisectTableOptions t;
-    t.all = o.all;
-    text = compare::render_batch_table(b, t);
-    if (sampling) text += "\n" + compare::render_sampling_check(*sampling);
-  }
-  std::fwrite(text.data(), 1, text.size(), stdout);
-  std::fflush(stdout);
-  return code;
+  return emit_result(
+      b.exit_code(), shown->result, [&] { return compare::batch_to_json(b); },
+      [&](const compare::BisectTableOptions& t) { return compare::render_batch_table(b, t); }, o, sampling);
 }
 
 }  // namespace llmdiff::cli
