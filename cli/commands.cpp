@@ -13,6 +13,7 @@ void setup_commands(CLI::App& app, Action& action) {
   setup_synth(app, action);
   setup_bench(app, action);
   setup_convert(app, action);
+  setup_import(app, action);
 }
 
 }  // namespace llmdiff::cli
