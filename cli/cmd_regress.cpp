@@ -1,19 +1,22 @@
-// llmdiff regress --golden DIR [--engine ref|impl|both] [--junit FILE] [--json]
-//   [--policy KEY=VALUE]... [--threads N] [--verbose]
+// llmdiff regress --golden DIR [--engine ref|impl|both|none] [--engine-cmd TEMPLATE | --engine-dumps DIR]
+//   [--junit FILE] [--json] [--policy KEY=VALUE]... [--threads N] [--verbose]
 // Replays every HF dump of every model directory under DIR through the
-// engine(s) and checks the result against the regression policy
-// (compare/regress.h). Exit 0 when every case passes, 1 otherwise, 2 on bad
-// input (unreadable golden tree).
+// engine(s) — llmdiff's own, and/or the user's engine through a command
+// template or a directory of its dumps (bisect/external.h) — and checks the
+// result against the regression policy (compare/regress.h). Exit 0 when every
+// case passes, 1 otherwise, 2 on bad input (unreadable golden tree).
 #include <fmt/core.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <memory>
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "bisect/external.h"
 #include "compare/regress.h"
 #include "compare/report.h"
 #include "dumps/dump.h"
@@ -26,25 +29,63 @@ namespace llmdiff::cli {
 
 struct RegressOptions {
   std::string golden, engine = "both", junit;
+  bisect::ExternalEngine external;  // --engine-cmd / --engine-dumps
   std::vector<std::string> policy;
   int threads = 0;
-  bool json = false, verbose = false;
+  bool json = false, verbose = false, engine_given = false;
 };
 
 namespace {
 
 std::vector<compare::EngineKind> engines_of(const std::string& which) {
   if (which == "both") return {compare::EngineKind::Ref, compare::EngineKind::Impl};
+  if (which == "none") return {};
   return {compare::parse_engine_kind(which)};
 }
 
+// The external engine's case: its dump of the scenario (run or found), judged
+// like the impl's.
+void run_external_case(const RegressOptions& o, const std::string& model_dir, const TensorSource& hf, const Scenario& sc,
+                       compare::RegressionCase& c, const compare::RegressionPolicy& policy) {
+  try {
+    const std::string path = bisect::external_dump(o.external, model_dir, c.id(), sc);
+    const DumpFile out(path);
+    c.diff = compare::compare_dumps(hf, out, compare::regression_options(policy, c.engine, c.model_dtype));
+  } catch (const std::exception& e) {
+    c.error = e.what();
+  }
+}
+
+int run_regress_with(const RegressOptions& o);
+
 int run_regress(const RegressOptions& o) {
   if (o.golden.empty()) throw UsageError("--golden is required");
+  RegressOptions opts = o;
+  if (!o.external.command.empty())  // a wrong placeholder is the user's error, before any case runs
+    bisect::expand_command(o.external.command, {{"model", ""}, {"tokens", ""}, {"chunks", ""}, {"decode", ""},
+                                                {"out", ""}, {"name", ""}});
+  if (!opts.external.command.empty() && opts.external.work_dir.empty()) {
+    const char* tmpdir = std::getenv("TMPDIR");
+    std::string base = std::string(tmpdir && *tmpdir ? tmpdir : "/tmp") + "/llmdiff-regress-XXXXXX";
+    std::vector<char> buf(base.begin(), base.end());
+    buf.push_back('\0');
+    if (!mkdtemp(buf.data())) throw IoError(base, "cannot make a work directory for --engine-cmd");
+    opts.external.work_dir = buf.data();
+  }
+  return run_regress_with(opts);
+}
+
+int run_regress_with(const RegressOptions& o) {
   compare::RegressionReport report;
   report.golden = o.golden;
   for (const auto& kv : o.policy) report.policy.set(kv);
-  const auto kinds = engines_of(o.engine);
+  const bool external = !o.external.command.empty() || !o.external.dumps_dir.empty();
+  if (!o.external.command.empty() && !o.external.dumps_dir.empty())
+    throw UsageError("--engine-cmd and --engine-dumps: one or the other");
+  // With an external engine, llmdiff's own run only when --engine asks.
+  const auto kinds = engines_of(external && o.engine == "both" && !o.engine_given ? "none" : o.engine);
   const auto models = compare::discover_golden(o.golden);
+  std::vector<std::string> notes;
   EngineOptions eo;
   eo.threads = o.threads;
 
@@ -72,6 +113,28 @@ int run_regress(const RegressOptions& o) {
       for (size_t part = 0; part < parts; ++part) {
         const TensorSource& hf = views.empty() ? static_cast<const TensorSource&>(file) : *views[part];
         Scenario sc = replay_with_sampling(hf);
+        if (external) {
+          compare::RegressionCase c;
+          c.model = gm.name;
+          c.scenario = std::filesystem::path(path).stem().string();
+          if (!views.empty()) c.scenario += "/seq" + std::to_string(views[part]->sequence());
+          c.dump = path;
+          c.engine = compare::EngineKind::External;
+          c.engine_name = o.external.name;
+          c.model_dtype = dt;
+          c.rule = report.policy.describe(c.engine, dt);
+          if (sc.sampling && sc.sampling->do_sample) {
+            notes.push_back(c.id() + ": a sampling run (HF's own random draws), not replayed by " + o.external.name);
+          } else {
+            const auto t0 = std::chrono::steady_clock::now();
+            run_external_case(o, gm.dir, hf, sc, c, report.policy);
+            c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            compare::evaluate_case(c, report.policy);
+            if (o.verbose)
+              fmt::print(stderr, "{} {}: {}\n", c.engine_label(), c.id(), c.pass ? "PASS" : "FAIL");
+            report.cases.push_back(std::move(c));
+          }
+        }
         for (auto k : kinds) {
           compare::RegressionCase c;
           c.model = gm.name;
@@ -110,6 +173,8 @@ int run_regress(const RegressOptions& o) {
     std::fputs(compare::render_regress_json(report).c_str(), stdout);
   else
     std::fputs(compare::render_regress_table(report, o.verbose).c_str(), stdout);
+  if (!o.json)
+    for (const std::string& n : notes) fmt::print("note: {}\n", n);
   if (!o.junit.empty()) write_side_output(o.junit, compare::render_regress_junit(report), "JUnit XML", o.json);
   std::fflush(stdout);
   return report.ok() ? 0 : 1;
@@ -123,7 +188,24 @@ void setup_regress(CLI::App& app, Action& action) {
                                                 "the regression policy");
   sub->add_option("--golden", o->golden, "golden tree: model directories (config.json + weights) holding HF dumps")
       ->required();
-  sub->add_option("--engine", o->engine, "ref, impl or both")->check(CLI::IsMember({"ref", "impl", "both"}));
+  sub->add_option("--engine", o->engine, "llmdiff's own engines: ref, impl, both or none (default: both, none "
+                                         "with --engine-cmd/--engine-dumps)")
+      ->check(CLI::IsMember({"ref", "impl", "both", "none"}))
+      ->each([o](const std::string&) { o->engine_given = true; });
+  sub->add_option("--engine-cmd", o->external.command,
+                  "your engine: a shell command template writing one dump, with {model} {tokens} {chunks} {decode} "
+                  "{out} {name} (e.g. \"./myengine --model {model} --prompt {tokens} --decode {decode} --dump "
+                  "{out}\")");
+  sub->add_option("--engine-dumps", o->external.dumps_dir,
+                  "your engine's dumps, already written: DIR/MODEL/SCENARIO.safetensors for each golden dump "
+                  "(DIR/MODEL/SCENARIO/seqB.safetensors for a batch's sequences)");
+  sub->add_option("--engine-name", o->external.name, "your engine's name in the table, JSON and JUnit")
+      ->capture_default_str();
+  sub->add_option("--engine-timeout", o->external.timeout_s, "seconds a --engine-cmd run may take")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--work-dir", o->external.work_dir,
+                  "where --engine-cmd writes its dumps and logs (default: a fresh temporary directory)");
   sub->add_option("--junit", o->junit, "write JUnit XML to this file (testsuite per engine, testcase per "
                                        "model/scenario)");
   sub->add_flag("--json", o->json, "print the result as JSON (schema llmdiff.regress/1, see compare/README.md)");

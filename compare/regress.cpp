@@ -28,7 +28,14 @@ double parse_policy_value(const std::string& key, const std::string& value) {
 }
 }  // namespace
 
-const char* engine_kind_name(EngineKind e) { return e == EngineKind::Ref ? "ref" : "impl"; }
+const char* engine_kind_name(EngineKind e) {
+  switch (e) {
+    case EngineKind::Ref: return "ref";
+    case EngineKind::Impl: return "impl";
+    case EngineKind::External: return "external";
+  }
+  return "?";
+}
 
 EngineKind parse_engine_kind(const std::string& s) {
   if (s == "ref") return EngineKind::Ref;
@@ -38,7 +45,8 @@ EngineKind parse_engine_kind(const std::string& s) {
 
 const std::vector<std::string>& RegressionPolicy::keys() {
   static const std::vector<std::string> k{"f32_abs",      "bf16_ref_rtol",  "bf16_ref_atol",    "f16_ref_rtol",
-                                          "f16_ref_atol", "lowp_impl_nmse", "require_all_names"};
+                                          "f16_ref_atol", "lowp_impl_nmse", "require_all_names",
+                                          "external_all_names"};
   return k;
 }
 
@@ -48,9 +56,9 @@ void RegressionPolicy::set(const std::string& kv) {
   for (const auto& k : keys()) all += (all.empty() ? "" : ", ") + k;
   if (eq == std::string::npos) throw UsageError("--policy '" + kv + "': expected KEY=VALUE with KEY one of " + all);
   std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
-  if (key == "require_all_names") {
-    if (value != "0" && value != "1") throw UsageError("--policy require_all_names: expected 0 or 1, got '" + value + "'");
-    require_all_names = value == "1";
+  if (key == "require_all_names" || key == "external_all_names") {
+    if (value != "0" && value != "1") throw UsageError("--policy " + key + ": expected 0 or 1, got '" + value + "'");
+    (key == "require_all_names" ? require_all_names : external_all_names) = value == "1";
   } else if (key == "f32_abs") {
     f32_abs = parse_policy_value(key, value);
   } else if (key == "bf16_ref_rtol") {
@@ -70,7 +78,7 @@ void RegressionPolicy::set(const std::string& kv) {
 
 std::string RegressionPolicy::describe(EngineKind engine, ComputeDType dt) const {
   std::string tail = "; integer tensors exact";
-  if (require_all_names) tail += "; every HF name present";
+  if (engine == EngineKind::External ? external_all_names : require_all_names) tail += "; every HF name present";
   if (dt == ComputeDType::Float32 || dt == ComputeDType::Float64)
     return "every float tensor max|a-b| <= " + fmt_num(f32_abs) + " * max(1, max|HF|)" + tail;
   if (engine == EngineKind::Ref) {
@@ -193,7 +201,8 @@ void evaluate_case(RegressionCase& c, const RegressionPolicy& p) {
       c.failures.push_back(line);
     }
   }
-  if (p.require_all_names)
+  c.missing = d.only_in_ref;
+  if (c.engine == EngineKind::External ? p.external_all_names : p.require_all_names)
     for (const auto& n : d.only_in_ref) c.failures.push_back(n + ": missing from the engine's dump");
   if (d.tensors.empty()) c.failures.push_back("no name in common with the HF dump");
   c.pass = c.failures.empty();

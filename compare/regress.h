@@ -15,8 +15,13 @@
 
 namespace llmdiff::compare {
 
-enum class EngineKind { Ref, Impl };
-const char* engine_kind_name(EngineKind e);   // "ref", "impl"
+// Ref and Impl: llmdiff's own engines, replayed in process. External: the
+// user's engine, run by a command template or read from a directory of its
+// dumps (bisect/external.h); judged like the impl, except that the names it
+// does not dump are listed, not failed (an engine dumps what it can observe)
+// unless the policy says external_all_names=1.
+enum class EngineKind { Ref, Impl, External };
+const char* engine_kind_name(EngineKind e);   // "ref", "impl", "external"
 EngineKind parse_engine_kind(const std::string& s);  // throws UsageError
 
 // The agreed bounds, by model dtype (config torch_dtype) and engine.
@@ -37,10 +42,11 @@ struct RegressionPolicy {
   Tolerance f16_ref{1e-3, 1e-5};
   double lowp_impl_nmse = 1e-3;
   bool require_all_names = true;
+  bool external_all_names = false;
 
   // Sets one field from "KEY=VALUE" (keys: f32_abs, bf16_ref_rtol,
   // bf16_ref_atol, f16_ref_rtol, f16_ref_atol, lowp_impl_nmse,
-  // require_all_names=0|1). Throws UsageError.
+  // require_all_names=0|1, external_all_names=0|1). Throws UsageError.
   void set(const std::string& key_value);
   static const std::vector<std::string>& keys();
   // One line describing the rule applied to (engine, model dtype).
@@ -87,6 +93,7 @@ struct RegressionCase {
   std::string model, scenario;     // scenario: the dump's file stem
   std::string dump;                // HF dump path
   EngineKind engine = EngineKind::Ref;
+  std::string engine_name;         // an external engine's name (empty: engine_kind_name)
   ComputeDType model_dtype = ComputeDType::Float32;
   std::string rule;                // RegressionPolicy::describe
   bool pass = false;
@@ -97,8 +104,10 @@ struct RegressionCase {
   std::string worst_name, worst_metric;
   double worst_value = 0, worst_threshold = 0;
   std::vector<std::string> failures;  // one line per failing name, numbers included
+  std::vector<std::string> missing;   // HF names the engine's dump lacks (failures unless the policy allows)
   double seconds = 0;
   std::string id() const { return model + "/" + scenario; }
+  std::string engine_label() const { return engine_name.empty() ? engine_kind_name(engine) : engine_name; }
 };
 // Fills pass / worst / failures from c.diff (or c.error).
 void evaluate_case(RegressionCase& c, const RegressionPolicy& p);

@@ -211,13 +211,15 @@ json regress_to_json(const RegressionReport& r) {
                  {"bf16_ref", tolerance_json(r.policy.bf16_ref)},
                  {"f16_ref", tolerance_json(r.policy.f16_ref)},
                  {"lowp_impl_nmse", json_num(r.policy.lowp_impl_nmse)},
-                 {"require_all_names", r.policy.require_all_names}};
+                 {"require_all_names", r.policy.require_all_names},
+                 {"external_all_names", r.policy.external_all_names}};
   j["summary"] = {{"cases", r.cases.size()}, {"passed", r.cases.size() - r.failing()}, {"failed", r.failing()}};
   j["cases"] = json::array();
   for (const auto& c : r.cases) {
     json x = {{"model", c.model},
               {"scenario", c.scenario},
-              {"engine", engine_kind_name(c.engine)},
+              {"engine", c.engine_label()},
+              {"engine_kind", engine_kind_name(c.engine)},
               {"model_dtype", compute_dtype_name(c.model_dtype)},
               {"dump", c.dump},
               {"rule", c.rule},
@@ -229,6 +231,7 @@ json regress_to_json(const RegressionReport& r) {
                                                     {"value", json_num(c.worst_value)},
                                                     {"threshold", json_num(c.worst_threshold)}}},
               {"failures", c.failures},
+              {"missing", c.missing},
               {"seconds", json_num(c.seconds)},
               {"first_divergence", c.diff && c.diff->first() ? json(c.diff->first()->name) : json(nullptr)}};
     j["cases"].push_back(x);

@@ -16,8 +16,8 @@ std::string secs(double s) {
 }  // namespace
 
 std::string render_regress_junit(const RegressionReport& r) {
-  std::map<int, std::vector<const RegressionCase*>> by_engine;
-  for (const auto& c : r.cases) by_engine[int(c.engine)].push_back(&c);
+  std::map<std::string, std::vector<const RegressionCase*>> by_engine;
+  for (const auto& c : r.cases) by_engine[c.engine_label()].push_back(&c);
   size_t failures = 0, errors = 0;
   double total = 0;
   for (const auto& c : r.cases) {
@@ -40,7 +40,7 @@ std::string render_regress_junit(const RegressionReport& r) {
       else if (!c->pass)
         ++f;
     }
-    std::string name = engine_kind_name(EngineKind(engine));
+    const std::string& name = engine;
     out += "  <testsuite name=\"" + xml_escape(name) + "\" tests=\"" + std::to_string(cases.size()) + "\" failures=\"" +
            std::to_string(f) + "\" errors=\"" + std::to_string(e) + "\" skipped=\"0\" time=\"" + secs(t) + "\">\n";
     for (const RegressionCase* c : cases) {

@@ -266,11 +266,11 @@ std::string render_regress_table(const RegressionReport& r, bool verbose) {
     char secs[32];
     std::snprintf(secs, sizeof secs, "%.2fs", c.seconds);
     if (!c.error.empty()) {
-      t.row({c.model, c.scenario, engine_kind_name(c.engine), compute_dtype_name(c.model_dtype), "-", "-", "-", "-", secs,
+      t.row({c.model, c.scenario, c.engine_label(), compute_dtype_name(c.model_dtype), "-", "-", "-", "-", secs,
              "ERROR"});
     } else {
       bool exact = c.worst_name.empty();
-      t.row({c.model, c.scenario, engine_kind_name(c.engine), compute_dtype_name(c.model_dtype),
+      t.row({c.model, c.scenario, c.engine_label(), compute_dtype_name(c.model_dtype),
              exact ? "(all judged values 0)" : c.worst_name, exact ? "-" : c.worst_metric,
              exact ? "0" : fmt_num(c.worst_value), exact ? "-" : fmt_num(c.worst_threshold), secs,
              c.pass ? "PASS" : "FAIL"});
@@ -281,13 +281,16 @@ std::string render_regress_table(const RegressionReport& r, bool verbose) {
       for (size_t i = 0; i < shown; ++i) t.sub(c.failures[i]);
       if (shown < c.failures.size()) t.sub("... " + std::to_string(c.failures.size() - shown) + " more failing names");
     }
+    if (c.pass && !c.missing.empty() && c.engine == EngineKind::External)
+      t.sub(std::to_string(c.missing.size()) + " HF names not in the engine's dump (not judged), e.g. " +
+            c.missing.front());
   }
   out += t.str();
   out += "\nregression policy:\n";
-  std::set<std::pair<int, int>> seen;
+  std::set<std::pair<std::string, int>> seen;
   for (const auto& c : r.cases) {
-    if (!seen.insert({int(c.engine), int(c.model_dtype)}).second) continue;
-    out += std::string("  ") + engine_kind_name(c.engine) + " on " + compute_dtype_name(c.model_dtype) +
+    if (!seen.insert({c.engine_label(), int(c.model_dtype)}).second) continue;
+    out += "  " + c.engine_label() + " on " + compute_dtype_name(c.model_dtype) +
            " models: " + c.rule + "\n";
   }
   out += "\nresult: " + std::to_string(r.cases.size() - r.failing()) + " of " + std::to_string(r.cases.size()) +

@@ -129,3 +129,75 @@ TEST(CliRegress, BadInputIsExitTwo) {
   EXPECT_EQ(run_cli({"regress", "--golden", golden_dir(), "--policy", "f32_abs=x"}).code, 2);
   EXPECT_EQ(run_cli({"regress"}).code, 2);
 }
+
+// The user's engine through a command template: a stand-in (llmdiff's impl
+// as a separate process) passes every golden case of llama-gqa, the batch's
+// sequences included, and is reported in JUnit under its own name.
+TEST(CliRegress, ExternalEngineByCommandTemplate) {
+  const std::string bin = std::string(LLMDIFF_BINARY_DIR) + "/llmdiff";
+  const std::string engine = bin + " dump --engine impl --model {model} --tokens {tokens} --chunks {chunks} "
+                                   "--decode {decode} --out {out}";
+  const std::string junit = temp_path("external.xml");
+  CliRun r = run_cli({"regress", "--golden", golden_model("llama-gqa"), "--engine-cmd", engine, "--engine-name",
+                      "myengine", "--junit", junit});
+  ASSERT_EQ(r.code, 0) << r.out << r.error;
+  EXPECT_NE(r.out.find("myengine  float32"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("llama-gqa/sample: a sampling run"), std::string::npos) << r.out;  // said, not hidden
+  const std::string xml = read_text(junit);
+  // batch/seq0..2, chunked, decode, prefill
+  EXPECT_NE(xml.find("<testsuite name=\"myengine\" tests=\"6\" failures=\"0\" errors=\"0\""), std::string::npos)
+      << xml;
+  EXPECT_TRUE(tags_balance(xml, "testcase"));
+  // With a bug: every case fails, exit 1, the failures in JUnit with names.
+  r = run_cli({"regress", "--golden", golden_model("llama-gqa"), "--engine-cmd",
+               bin + " dump --engine impl --inject rope-theta --model {model} --tokens {tokens} --chunks {chunks} "
+                     "--decode {decode} --out {out}",
+               "--junit", junit, "--json"});
+  ASSERT_EQ(r.code, 1) << r.out << r.error;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["summary"]["failed"], 6);
+  EXPECT_EQ(j["cases"][0]["engine"], "external");
+  EXPECT_EQ(j["cases"][0]["engine_kind"], "external");
+  const std::string bad = read_text(junit);
+  EXPECT_NE(bad.find("<testsuite name=\"external\" tests=\"6\" failures=\"6\""), std::string::npos) << bad;
+  EXPECT_NE(bad.find("attn.q_rope"), std::string::npos);
+}
+
+// An engine that fails, or a template with an unknown placeholder.
+TEST(CliRegress, ExternalEngineErrors) {
+  CliRun r = run_cli({"regress", "--golden", golden_model("llama-gqa"), "--engine-cmd",
+                      "echo cannot load {model} >&2; exit 3", "--json"});
+  ASSERT_EQ(r.code, 1) << r.error;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const std::string err = j["cases"][0]["error"];
+  EXPECT_NE(err.find("exited with 3"), std::string::npos) << err;
+  EXPECT_NE(err.find("cannot load"), std::string::npos) << err;  // the engine's own words
+  r = run_cli({"regress", "--golden", golden_model("llama-gqa"), "--engine-cmd", "myengine --prompt {prompt}"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.error.find("unknown placeholder {prompt}"), std::string::npos) << r.error;
+  r = run_cli({"regress", "--golden", golden_model("llama-gqa"), "--engine-cmd", "x {out}", "--engine-dumps", "d"});
+  EXPECT_EQ(r.code, 2);
+}
+
+// Dumps the engine already wrote, one per golden dump: the missing one is
+// an error case naming the path, the others are judged.
+TEST(CliRegress, ExternalEngineDumpsDirectory) {
+  const fs::path dir = temp_path("engine-dumps");
+  fs::create_directories(dir / "llama-gqa");
+  for (const char* s : {"prefill", "decode"}) {
+    CliRun d = run_cli({"dump", "--engine", "impl", "--model", golden_model("llama-gqa"), "--replay",
+                        golden_dump("llama-gqa", s), "--out", (dir / "llama-gqa" / (std::string(s) + ".safetensors")).string()});
+    ASSERT_EQ(d.code, 0) << d.error;
+  }
+  CliRun r = run_cli({"regress", "--golden", golden_model("llama-gqa"), "--engine-dumps", dir.string(), "--json"});
+  ASSERT_EQ(r.code, 1) << r.error;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  int passed = 0, missing = 0;
+  for (const auto& c : j["cases"]) {
+    if (c["pass"] == true) ++passed;
+    if (!c["error"].is_null() && c["error"].get<std::string>().find("no dump of llama-gqa/") != std::string::npos)
+      ++missing;
+  }
+  EXPECT_EQ(passed, 2) << j.dump(1).substr(0, 3000);
+  EXPECT_EQ(missing, 4);  // batch/seq0..2, chunked
+}
