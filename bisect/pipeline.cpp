@@ -49,6 +49,9 @@ class SelectiveDump : public MemoryDump {
     }
     stop_ = stop_when_complete && !all_ && globs_.empty();
     pending_ = exact_;
+    // Bookkeeping a candidate may carry and no engine records (its row list).
+    for (auto it = pending_.begin(); it != pending_.end();)
+      it = parse_name(*it).site == "rows" ? pending_.erase(it) : std::next(it);
   }
   bool wants(const std::string& name) const override {
     return all_ || exact_.count(name) || any_glob_match(globs_, name);

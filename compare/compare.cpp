@@ -1,4 +1,5 @@
 #include "compare/compare.h"
+#include "dumps/rows.h"
 
 #include <algorithm>
 #include <cmath>
@@ -179,11 +180,23 @@ InPlace in_place(const TensorSource& src, const std::string& name) {
 }
 }  // namespace
 
-TensorComparison compare_tensors(const TensorData& ref, const TensorData& cand, const PairContext& ctx) {
+TensorComparison compare_tensors(const TensorData& ref_whole, const TensorData& cand, const PairContext& ctx) {
+  // A candidate holding some of the step's token rows (dumps/rows.h) is
+  // compared on those rows of the reference.
+  TensorData ref_rows;
+  if (!cand.rows.empty() && ref_whole.shape != cand.shape) ref_rows = rows_like(ref_whole, cand);
+  const TensorData& ref = ref_rows.shape.empty() ? ref_whole : ref_rows;
   static const AllcloseCriterion kAllclose;
   const Criterion& criterion = ctx.criterion ? *ctx.criterion : kAllclose;
   TensorComparison c = start_comparison(ref.name.empty() ? cand.name : ref.name, ref.shape, cand.shape, ref.stored,
                                         cand.stored, ref.is_int, cand.is_int, ctx);
+  if (&ref == &ref_rows && ref.shape == cand.shape) {
+    std::string list;
+    for (size_t k = 0; k < cand.rows.size() && k < 8; ++k) list += (k ? ", " : "") + std::to_string(cand.rows[k]);
+    if (cand.rows.size() > 8) list += ", ...";
+    c.notes.push_back("compared on the " + std::to_string(cand.rows.size()) + " token rows the candidate holds (" +
+                      list + ")");
+  }
 
   if (ref.shape != cand.shape) {
     c.shape_match = false;

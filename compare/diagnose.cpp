@@ -1099,9 +1099,9 @@ BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, 
     std::vector<std::string> missing;
     // Step tokens are the run's inputs; sample.* the sampler's (judged by
     // compare/sampling_check.h); kv.* a paged cache's bookkeeping (checked
-    // by compare/paged_kv.h).
+    // by compare/paged_kv.h); rows the list of a row subset (dumps/rows.h).
     for (const auto& n : r.local.not_recomputed)
-      if (parse_name(n).site != "tokens" && n.find("sample.") == std::string::npos &&
+      if (parse_name(n).site != "tokens" && parse_name(n).site != "rows" && n.find("sample.") == std::string::npos &&
           n.find(".kv.") == std::string::npos)
         missing.push_back(n);
     if (!missing.empty())

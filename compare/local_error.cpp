@@ -1,4 +1,5 @@
 #include "compare/local_error.h"
+#include "dumps/rows.h"
 
 #include <algorithm>
 #include <cmath>
@@ -56,6 +57,11 @@ class Borrowed {
       s = &sub->base();
     }
     if (auto* mem = dynamic_cast<const MemoryDump*>(s)) p_ = mem->find(name);
+    if (p_ && src.has(rows_name_for(name))) {  // a row subset: its rows attached, as get() does
+      own_ = *p_;
+      attach_rows(src, own_);
+      p_ = &own_;
+    }
     if (!p_) {
       own_ = src.get(name);
       p_ = &own_;
@@ -68,6 +74,12 @@ class Borrowed {
     if (!p_->is_int) return p_->f;
     converted_ = p_->floats();
     return converted_;
+  }
+  // Only the token rows `part` holds (dumps/rows.h), when it holds some.
+  void restrict_to_rows_of(const TensorData& part) {
+    if (part.rows.empty() || p_->shape == part.shape) return;
+    own_ = rows_like(*p_, part);
+    p_ = &own_;
   }
 
  private:
@@ -160,6 +172,7 @@ LocalReport judge_local(const TensorSource& cand, const Recomputed& cand_local, 
     auto src = cand_local.source.find(name);
     if (src != cand_local.source.end()) s.source = src->second;
     Borrowed cb(cand, name), lb(cand_local.values, name);
+    lb.restrict_to_rows_of(*cb);  // the recompute has every row; the candidate may hold some
     const TensorData &c = *cb, &l = *lb;
     s.cand_shape = c.shape;
     s.local_shape = l.shape;
@@ -196,6 +209,8 @@ LocalReport judge_local(const TensorSource& cand, const Recomputed& cand_local, 
     int64_t ref_bad = 0;
     if (ref && ref_local && ref->has(name) && ref_local->values.has(name)) {
       Borrowed ab(*ref, name), bb(ref_local->values, name);
+      ab.restrict_to_rows_of(c);
+      bb.restrict_to_rows_of(c);
       if (ab->shape == c.shape && bb->shape == c.shape) {
         const std::vector<float>& af = ab.floats();
         const std::vector<float>& bf = bb.floats();

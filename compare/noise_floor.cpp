@@ -1,4 +1,5 @@
 #include "compare/noise_floor.h"
+#include "dumps/rows.h"
 
 #include <cmath>
 #include <cstdio>
@@ -116,11 +117,11 @@ Judgement NoiseFloorCriterion::judge(const TensorData& ref, const TensorData& ca
     return j;
   };
   if (!truth_ || !truth_->has(name)) return fallback("the float64 run lacks this name");
-  TensorData truth = truth_->get(name);
+  TensorData truth = rows_like(truth_->get(name), cand);  // the candidate's rows when it holds some
   if (truth.shape != ref.shape) return fallback("the float64 run has shape " + shape_str(truth.shape));
   std::vector<float> tf = truth.floats(), sf;
   if (second_ && second_->has(name)) {
-    TensorData sd = second_->get(name);
+    TensorData sd = rows_like(second_->get(name), cand);
     if (sd.shape == ref.shape && !sd.is_int) sf = sd.floats();
   }
   NoiseStats s = noise_stats(tf.data(), ref.f.data(), cand.f.data(), ref.numel(), dtype_, sf.empty() ? nullptr : sf.data());

@@ -1,4 +1,5 @@
 #include "dumps/dump.h"
+#include "dumps/rows.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -116,6 +117,7 @@ TensorData DumpFile::get(const std::string& name) const {
   // Read once into the copy: the mapped pages need not stay resident (a dump
   // of a large model is read tensor by tensor, more than once).
   release_pages(file_.data(info), size_t(info.end - info.begin));
+  attach_rows(*this, t);
   return t;
 }
 
@@ -263,6 +265,7 @@ TensorData MemoryDump::get(const std::string& name) const {
       spill_->read(sp->second, t.f.data(), t.f.size() * sizeof(float));
     }
   }
+  attach_rows(*this, t);
   return t;
 }
 

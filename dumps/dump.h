@@ -35,6 +35,9 @@ struct TensorData {
   DType stored = DType::F32;  // dtype in the file
   std::vector<float> f;       // when !is_int
   std::vector<int64_t> i;     // when is_int
+  // The step's token rows this tensor holds when it holds only some of them
+  // (dumps/rows.h, step{N}.rows); empty: every row.
+  std::vector<int64_t> rows;
   int64_t numel() const { return llmdiff::numel(shape); }
   // The values as float32: `f` itself, or the integers converted.
   std::vector<float> floats() const;

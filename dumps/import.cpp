@@ -12,6 +12,7 @@
 #include "dumps/import_ops.h"
 #include "dumps/import_pattern.h"
 #include "dumps/names.h"
+#include "dumps/rows.h"
 #include "dumps/sites.h"
 
 namespace llmdiff::import {
@@ -120,6 +121,16 @@ class Importer {
       for (const std::string& n : in->names())
         if (!used_.count({in.get(), n}) && !any_glob_match(m_.ignore, n)) sum.unmapped.push_back(n);
     sum.skipped = skipped_;
+    for (const auto& [s, R] : step_rows_) {  // step{N}.rows: the last R rows
+      TensorData r;
+      r.name = step_name(s, "rows");
+      r.is_int = true;
+      r.stored = DType::I64;
+      const int64_t T = int64_t(tokens_[size_t(s)].size());
+      for (int64_t k = T - R; k < T; ++k) r.i.push_back(k);
+      r.shape = {R};
+      out_.put(std::move(r));
+    }
     fill_manifest(int(steps.size()));
     return sum;
   }
@@ -273,9 +284,23 @@ class Importer {
     const int64_t Tc = T >= 0 ? T : t.numel();
     int64_t past = 0;
     for (int s = 0; s < step && s < int(tokens_.size()); ++s) past += int64_t(tokens_[size_t(s)].size());
-    const std::optional<Shape> want = spec_shape(c, cfg_, Tc, past + Tc, 0);
+    std::optional<Shape> want = spec_shape(c, cfg_, Tc, past + Tc, 0);
     if (!want && c.kind != CanonName::Kind::Generated)
       fail(rule, src, full + " is not a site of this model (" + cfg_.model_type + ")");
+    if (rule.rows_last && want) {
+      // The last R token rows only: R is what the tensor holds, the same for
+      // every such tensor of the step.
+      const std::optional<int> axis = token_axis(c.site);
+      if (!axis) fail(rule, src, full + " is not a per-token tensor: \"rows\" does not apply");
+      if (int(t.shape.size()) == int(want->size()) && t.shape[size_t(*axis)] < (*want)[size_t(*axis)]) {
+        const int64_t R = t.shape[size_t(*axis)];
+        auto [it, fresh] = step_rows_.emplace(step, R);
+        if (!fresh && it->second != R)
+          fail(rule, src, full + " holds " + std::to_string(R) + " token rows, another tensor of this call " +
+                              std::to_string(it->second) + " (one row list per forward call)");
+        (*want)[size_t(*axis)] = R;
+      }
+    }
     if (want && c.kind != CanonName::Kind::Generated && *want != t.shape)
       fail(rule, src, "gives " + shape_str(t.shape) + " for " + full + ", the format's shape is " + shape_str(*want) +
                           " (add or fix a reshape/permute)");
@@ -324,6 +349,7 @@ class Importer {
   std::vector<bool> matched_;
   std::set<std::pair<const ForeignTensors*, std::string>> used_;
   std::map<std::string, std::string> made_by_;
+  std::map<int, int64_t> step_rows_;  // forward call -> R, for tensors of the last R rows only
   std::vector<std::string> skipped_;
   bool by_capture_ = false;
 };

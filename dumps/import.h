@@ -28,6 +28,7 @@ struct Rule {
   std::vector<std::string> model_types;  // empty: every model
   std::string unless;                    // pattern: skipped when this foreign name exists
   std::string when;                      // expression: skipped where it is 0
+  bool rows_last = false;                // "rows": "last": the last R token rows only (dumps/rows.h)
   std::vector<Transform> transforms;
   std::string describe() const;          // "rule 3 (from \"Qcur-{layer}\")"
 };

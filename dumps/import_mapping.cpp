@@ -102,7 +102,7 @@ Rule parse_rule(const json& r, int index, const std::string& source) {
   rule.from = r["from"].get<std::string>();
   for (const auto& [k, v] : r.items())
     if (k != "from" && k != "to" && k != "occurrence" && k != "model_types" && k != "unless" && k != "when" &&
-        k != "transforms" && k != "comment")
+        k != "rows" && k != "transforms" && k != "comment")
       bad("unknown key \"" + k + "\"");
   if (!r.contains("to")) bad("needs \"to\": the canonical name(s)");
   if (r["to"].is_string()) {
@@ -136,6 +136,10 @@ Rule parse_rule(const json& r, int index, const std::string& source) {
   if (r.contains("when")) {
     if (!r["when"].is_string()) bad("\"when\" is an expression");
     rule.when = r["when"].get<std::string>();
+  }
+  if (r.contains("rows")) {
+    if (r["rows"] != "last" && r["rows"] != "all") bad("\"rows\" is \"all\" or \"last\"");
+    rule.rows_last = r["rows"] == "last";
   }
   if (r.contains("transforms")) {
     if (!r["transforms"].is_array()) bad("\"transforms\" is a list");

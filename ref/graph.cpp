@@ -4,6 +4,7 @@
 // and the family's mask construction are config fields), as one site table
 // (Graph::compute_uncached) evaluated on demand.
 #include "ref/graph.h"
+#include "dumps/rows.h"
 
 #include <malloc.h>
 
@@ -357,6 +358,17 @@ torch::Tensor Graph::input(const std::string& name, Value& reads) {
         t = torch::tensor(d.i, torch::kLong).reshape(d.shape);
       else  // one conversion straight from the dump's values (a copy when st_ is float32)
         t = torch::from_blob(d.f.data(), d.shape, torch::kFloat).to(st_, false, /*copy=*/true);
+      const std::optional<int> axis = token_axis(c.site);
+      if (!d.rows.empty() && axis && c.step >= 0 && c.step < steps() &&
+          d.rows.size() < tokens_[size_t(c.step)].size()) {
+        // Some of the step's token rows only (dumps/rows.h): teacher-forced
+        // on those rows, the others the reference's own values, so that every
+        // op reads whole tensors.
+        const Value* v = compute(name);
+        if (!v || !v->t.defined()) throw UsageError("cannot recompute " + name + " around its dumped rows");
+        reads.frontier.insert(v->frontier.begin(), v->frontier.end());
+        t = v->t.clone().index_copy_(*axis, torch::tensor(d.rows, torch::kLong), t.to(v->t.dtype()));
+      }
       it = dump_cache_.emplace(name, t).first;
     }
     reads.direct.push_back(short_name(name));

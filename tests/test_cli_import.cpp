@@ -88,25 +88,50 @@ TEST(CliImport, LlamaCppExportOfGoldensImportsToTheSameValues) {
 }
 
 // llama.cpp's output-row pruning: the last layer's feed-forward and the
-// logits exist for the last token only. Those rules are skipped (said so),
-// next_logits and last_hidden still come from the one row.
-TEST(CliImport, OutputRowPruningKeepsTheLastTokensRows) {
+// logits exist for the last token only. They are imported as row subsets
+// (step0.rows), and diff and bisect compare the rows present: the golden
+// itself passes, a candidate with a bug is still localised and named.
+TEST(CliImport, OutputRowPruningImportsRowSubsetsThatEveryCommandCompares) {
   testing::LlamaCppExport o;
   o.prune_output_rows = true;
+  const std::string model = testing::golden_model("llama-gqa");
   const std::string golden = testing::golden_dump("llama-gqa", "prefill");
   const Exported e = export_llama_cpp("llama-gqa", golden, "lc-pruned", o);
   const std::string out = testing::temp_path("imported-pruned.safetensors");
   const auto r = run_cli(import_args("llama-gqa", e, out));
   ASSERT_EQ(r.code, 0) << r.error;
-  EXPECT_NE(r.out.find("skipped"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("\"numel == T*D\" is false"), std::string::npos) << r.out;
   const DumpFile imported(out), want(golden);
-  EXPECT_FALSE(imported.has("step0.layers.1.out"));
-  EXPECT_FALSE(imported.has("step0.logits"));
-  EXPECT_TRUE(imported.has("step0.layers.0.out"));
-  EXPECT_TRUE(imported.has("step0.layers.1.attn.ctx"));
+  const int64_t T = int64_t(want.get("step0.tokens").i.size());
+  EXPECT_EQ(imported.get("step0.rows").i, std::vector<int64_t>{T - 1});
+  const TensorData last = imported.get("step0.layers.1.out");
+  EXPECT_EQ(last.shape, (Shape{1, 64}));
+  EXPECT_EQ(last.rows, std::vector<int64_t>{T - 1});
+  EXPECT_EQ(imported.get("step0.logits").shape, (Shape{1, 384}));
+  EXPECT_EQ(imported.get("step0.layers.0.out").shape, (Shape{T, 64}));  // every row before the last layer
+  EXPECT_TRUE(imported.get("step0.layers.0.out").rows.empty());
   EXPECT_LE(testing::max_abs_diff(imported.get("step0.next_logits"), want.get("step0.next_logits")), 1e-6);
-  EXPECT_LE(testing::max_abs_diff(imported.get("step0.last_hidden"), want.get("step0.last_hidden")), 1e-6);
+  // diff: the rows present, said so.
+  const auto d = run_cli({"diff", golden, out, "--json"});
+  EXPECT_EQ(d.code, 0) << d.out.substr(0, 3000) << d.error;
+  EXPECT_NE(d.out.find("compared on the 1 token rows the candidate holds (" + std::to_string(T - 1) + ")"),
+            std::string::npos);
+  // bisect of HF's own values: no divergence, no local failure.
+  auto b = run_cli({"bisect", "--model", model, out, "--json"});
+  EXPECT_EQ(b.code, 0) << b.out.substr(0, 3000) << b.error;
+  // An engine with a bug in the pruned layer's feed-forward.
+  const std::string cand = testing::temp_path("pruned-cand.safetensors");
+  ASSERT_EQ(run_cli({"dump", "--engine", "impl", "--inject", "gate-up-swap", "--model", model, "--replay", golden,
+                     "--out", cand})
+                .code,
+            0);
+  const Exported ec = export_llama_cpp("llama-gqa", cand, "lc-pruned-cand", o);
+  const std::string out2 = testing::temp_path("imported-pruned-cand.safetensors");
+  ASSERT_EQ(run_cli(import_args("llama-gqa", ec, out2)).code, 0);
+  b = run_cli({"bisect", "--model", model, out2, "--json"});
+  ASSERT_EQ(b.code, 1) << b.error;
+  const nlohmann::json j = nlohmann::json::parse(b.out);
+  EXPECT_EQ(j["localised_at"], "step0.layers.0.mlp.act") << b.out.substr(0, 2000);
+  EXPECT_EQ(j["diagnosis"]["bug"], "gate-up-swap") << j["diagnosis"].dump();
 }
 
 // The user's path end to end: an engine with a bug, its llama.cpp-style
