@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -12,6 +13,7 @@
 
 #include "cli/commands.h"
 #include "synth/synth.h"
+#include "synth/tokenizer.h"
 #include "dumps/errors.h"
 #include "dumps/gguf_model.h"
 #include "dumps/weights.h"
@@ -35,6 +37,7 @@ struct SynthCmdOptions {
   int layers = 0;               // --layers N: override num_hidden_layers (0: the config's)
   std::string format = "safetensors";  // --format safetensors|gguf
   std::string quant;            // --quant TYPE: ggml type of a GGUF's matrices (default: --dtype's)
+  std::string tokenizer;        // --tokenizer sentencepiece|byte-level: toy tokenizer files too
 };
 
 std::string read_text(const std::string& path) {
@@ -97,6 +100,10 @@ int run_synth(const SynthCmdOptions& o) {
   if (o.format != "safetensors" && o.format != "gguf")
     throw UsageError("synth: --format must be safetensors or gguf, not '" + o.format + "'");
   if (!o.quant.empty() && o.format != "gguf") throw UsageError("synth: --quant needs --format gguf");
+  if (!o.tokenizer.empty() && o.format == "gguf")
+    throw UsageError("synth: --tokenizer writes HF tokenizer files beside a safetensors checkpoint, not into a GGUF");
+  const std::optional<TokenizerKind> tokenizer =
+      o.tokenizer.empty() ? std::nullopt : std::optional<TokenizerKind>(parse_tokenizer_kind(o.tokenizer));
   const bool gguf = o.format == "gguf";
   // A GGUF is converted from a checkpoint written next to it, then removed.
   const std::string hf_dir = gguf ? o.out + ".hf-tmp" : o.out;
@@ -113,6 +120,8 @@ int run_synth(const SynthCmdOptions& o) {
     std::filesystem::remove_all(hf_dir, ec);
     std::printf("%s: GGUF, matrices %s\n", o.out.c_str(), ggml_type_name(uint32_t(type)).c_str());
   }
+  std::vector<std::string> tokenizer_files;
+  if (tokenizer) tokenizer_files = write_toy_tokenizer(o.out, nlohmann::json::parse(r.config.raw_json), *tokenizer);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const ModelConfig& c = r.config;
   std::printf("%s: %s, %lld layers, hidden %lld, intermediate %lld, heads %lld/%lld x %lld, vocab %lld%s\n",
@@ -123,6 +132,11 @@ int run_synth(const SynthCmdOptions& o) {
               scaled(double(r.parameters), "").c_str(), scaled(double(r.data_bytes), "B").c_str(),
               dtype_name(so.dtype), r.files.size(), r.files.size() == 1 ? "" : "s", (unsigned long long)so.seed, secs,
               secs > 0 ? double(r.data_bytes) * 1e-6 / secs : 0.0);
+  if (!tokenizer_files.empty()) {
+    std::string list;
+    for (const auto& f : tokenizer_files) list += (list.empty() ? "" : ", ") + f;
+    std::printf("tokenizer (%s, %lld tokens): %s\n", o.tokenizer.c_str(), (long long)c.vocab_size, list.c_str());
+  }
   return 0;
 }
 
@@ -152,6 +166,10 @@ void setup_synth(CLI::App& app, Action& action) {
       ->capture_default_str();
   sub->add_option("--quant", opt->quant,
                   "GGUF only: ggml type of the matrices, e.g. Q4_K, Q8_0, Q6_K (default: --dtype); 1-D weights stay F32");
+  sub->add_option("--tokenizer", opt->tokenizer,
+                  "Also write a toy tokenizer of the config's vocab_size and special ids: sentencepiece "
+                  "(tokenizer.model + tokenizer.json, as Llama 2) or byte-level (tokenizer.json, as GPT-2/Llama 3/Qwen), "
+                  "with tokenizer_config.json and special_tokens_map.json");
   sub->add_flag("--list-presets", opt->list, "List the presets and exit");
   sub->add_flag("--force", opt->force, "Replace a checkpoint in --out that synth did not write");
   sub->callback([opt, &action] { action = [opt] { return run_synth(*opt); }; });
