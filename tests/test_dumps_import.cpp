@@ -350,3 +350,74 @@ TEST(ImportMapping, BadTargetsAreErrors) {
 
 }  // namespace
 }  // namespace llmdiff
+
+namespace llmdiff {
+namespace {
+
+// One file holding every forward call ({step} captures), the tokens mapped by
+// a rule, a paged K cache gathered through each call's block table, and a
+// `when` that keeps only whole tensors.
+TEST(ImportMapping, StepCapturesTokensRulePagedCacheAndWhen) {
+  const DumpFile g(testing::golden_dump("llama-gqa", "decode"));  // T = 5, 1, 1, 1
+  const ModelConfig cfg = load_config(testing::golden_model("llama-gqa"));
+  const std::string path = testing::temp_path("paged-engine.safetensors");
+  {
+    SafetensorsWriter w(path);
+    const int64_t bs = 2, blocks = 8;
+    for (int s = 0; s < g.num_steps(); ++s) {
+      const std::string p = "s" + std::to_string(s) + "/";
+      const TensorData tok = g.get("step" + std::to_string(s) + ".tokens");
+      w.add_i64(p + "ids", tok.shape, tok.i.data());
+      const TensorData kc = g.get("step" + std::to_string(s) + ".layers.1.attn.k_cache");  // [2, S, 16]
+      const int64_t S = kc.shape[1], used = (S + bs - 1) / bs;
+      std::vector<int64_t> table;
+      for (int64_t b = 0; b < used; ++b) table.push_back(blocks - 1 - b);  // blocks in reverse order
+      std::vector<float> pool(size_t(blocks * bs * 2 * 16), -7.f);
+      for (int64_t t = 0; t < S; ++t)
+        for (int64_t h = 0; h < 2; ++h)
+          for (int64_t d = 0; d < 16; ++d)
+            pool[size_t(((table[size_t(t / bs)] * bs + t % bs) * 2 + h) * 16 + d)] = kc.f[size_t((h * S + t) * 16 + d)];
+      w.add_f32(p + "blk1/kpool", {blocks, bs, 2, 16}, pool.data());
+      w.add_i64(p + "table", {used}, table.data());
+      const TensorData out = g.get("step" + std::to_string(s) + ".layers.0.out");
+      w.add_f32(p + "blk0/out", out.shape, out.f.data());
+      w.add_f32(p + "blk0/out_last", {1, 64}, out.f.data() + (out.shape[0] - 1) * 64);  // one row: `when` skips it
+    }
+    w.finish();
+  }
+  const Mapping m = Mapping::parse(R"(
+ignore = ["s*/table"]
+[[rules]]
+from = "s{step}/ids"
+to = "tokens"
+[[rules]]
+from = "s{step}/blk{layer}/kpool"
+to = "layers.{layer}.attn.k_cache"
+transforms = [ { gather_paged = { block_table = "s{step}/table" } } ]
+[[rules]]
+from = "s{step}/blk{layer}/out"
+to = "layers.{layer}.out"
+[[rules]]
+from = "s{step}/blk{layer}/out_last"
+to = "layers.{layer}.attn_residual"
+when = "numel == T*D"
+)", "paged.toml");
+  MemoryDump out;
+  const ImportSummary s = import_tensors({path}, m, cfg, {}, out);
+  EXPECT_EQ(s.steps, 4);
+  EXPECT_TRUE(s.unmapped.empty());
+  EXPECT_EQ(s.skipped.size(), 1u);  // step 0 (T = 5); steps 1..3 have T = 1: their one row is whole
+  for (int step = 0; step < 4; ++step) {
+    const std::string p = "step" + std::to_string(step) + ".";
+    EXPECT_EQ(out.get(p + "tokens").i, g.get(p + "tokens").i);
+    EXPECT_EQ(out.get(p + "layers.1.attn.k_cache").f, g.get(p + "layers.1.attn.k_cache").f) << step;
+    EXPECT_EQ(out.get(p + "layers.0.out").f, g.get(p + "layers.0.out").f);
+  }
+  EXPECT_FALSE(out.has("step0.layers.0.attn_residual"));
+  EXPECT_TRUE(out.has("step1.layers.0.attn_residual"));
+  EXPECT_EQ(out.manifest().scenario, "decode");
+  EXPECT_EQ(out.manifest().steps, 4);
+}
+
+}  // namespace
+}  // namespace llmdiff
