@@ -176,9 +176,13 @@ class Importer {
         for (const Located& l : list) used_.insert({l.input, l.name});  // the other occurrences are taken too
         matched_[r] = true;
         const Located& src = list[size_t(k)];
-        if (!rule.unless.empty() && occ.count(substitute(rule.unless, caps))) {
-          skipped_.push_back(src.name + ": " + rule.describe() + ", as " + substitute(rule.unless, caps) +
-                             " is present");
+        std::string why;
+        for (const std::string& u : rule.unless)
+          if (why.empty() && occ.count(substitute(u, caps))) why = substitute(u, caps) + " is present";
+        for (const std::string& r : rule.requires_)
+          if (why.empty() && !occ.count(substitute(r, caps))) why = substitute(r, caps) + " is absent";
+        if (!why.empty()) {
+          skipped_.push_back(src.name + ": " + rule.describe() + ", as " + why);
           continue;
         }
         apply(rule, src, occ, step, past, T, caps);

@@ -26,7 +26,8 @@ struct Rule {
   std::vector<std::string> to;           // canonical names, {capture}s substituted
   int occurrence = -1;                   // of a name repeated in one call: 0 first, -1 last, -2 ...
   std::vector<std::string> model_types;  // empty: every model
-  std::string unless;                    // pattern: skipped when this foreign name exists
+  std::vector<std::string> unless;       // names (captures substituted): skipped when one exists
+  std::vector<std::string> requires_;    // names (captures substituted): skipped unless all exist
   std::string when;                      // expression: skipped where it is 0
   bool rows_last = false;                // "rows": "last": the last R token rows only (dumps/rows.h)
   std::vector<Transform> transforms;
@@ -66,7 +67,7 @@ struct ImportSummary {
   int tensors = 0;
   std::vector<std::string> unmapped;        // foreign names no rule took (nor `ignore`)
   std::vector<std::string> unmatched_rules; // rules that matched nothing in any step
-  std::vector<std::string> skipped;         // "name: why" of matches a `when` or `unless` skipped
+  std::vector<std::string> skipped;         // "name: why" of matches a `when`, `unless` or `requires` skipped
 };
 
 // Imports `inputs` (each a path for ForeignTensors). Without a {step}

@@ -101,7 +101,7 @@ Rule parse_rule(const json& r, int index, const std::string& source) {
     bad("needs \"from\": the engine's name pattern");
   rule.from = r["from"].get<std::string>();
   for (const auto& [k, v] : r.items())
-    if (k != "from" && k != "to" && k != "occurrence" && k != "model_types" && k != "unless" && k != "when" &&
+    if (k != "from" && k != "to" && k != "occurrence" && k != "model_types" && k != "unless" && k != "requires" && k != "when" &&
         k != "rows" && k != "transforms" && k != "comment")
       bad("unknown key \"" + k + "\"");
   if (!r.contains("to")) bad("needs \"to\": the canonical name(s)");
@@ -129,10 +129,22 @@ Rule parse_rule(const json& r, int index, const std::string& source) {
       rule.model_types.push_back(t.get<std::string>());
     }
   }
-  if (r.contains("unless")) {
-    if (!r["unless"].is_string()) bad("\"unless\" is a name pattern");
-    rule.unless = r["unless"].get<std::string>();
-  }
+  // A name or a list of names, each with the captures substituted.
+  auto names = [&](const char* key, std::vector<std::string>& out) {
+    if (!r.contains(key)) return;
+    const json& v = r[key];
+    if (v.is_string()) {
+      out.push_back(v.get<std::string>());
+      return;
+    }
+    if (!v.is_array()) bad(std::string("\"") + key + "\" is a name or a list of names");
+    for (const json& x : v) {
+      if (!x.is_string()) bad(std::string("\"") + key + "\" holds a non-string");
+      out.push_back(x.get<std::string>());
+    }
+  };
+  names("unless", rule.unless);
+  names("requires", rule.requires_);
   if (r.contains("when")) {
     if (!r["when"].is_string()) bad("\"when\" is an expression");
     rule.when = r["when"].get<std::string>();
@@ -168,7 +180,8 @@ Rule parse_rule(const json& r, int index, const std::string& source) {
   try {
     const Pattern from = Pattern::compile(rule.from);
     for (const std::string& t : rule.to) from.check_template(t);
-    if (!rule.unless.empty()) from.check_template(rule.unless);
+    for (const std::string& u : rule.unless) from.check_template(u);
+    for (const std::string& q : rule.requires_) from.check_template(q);
     for (const Transform& t : rule.transforms)
       if (t.op == "gather_paged") from.check_template(t.arg["block_table"].get<std::string>());
   } catch (const UsageError& e) {

@@ -22,6 +22,7 @@ namespace llmdiff::testing {
 struct LlamaCppExport {
   bool prune_output_rows = false;  // last layer's ffn, result_norm/output: last token only
   bool v_cont = false;             // V cache stored untransposed: v_cont-N (and a permuted view of another layout)
+  bool flash_attn = false;         // __fattn__-N instead of kq / kq_soft_max; V read untransposed
   int64_t pad = 32;                // n_kv = S rounded up to this
 };
 
@@ -93,15 +94,22 @@ inline std::vector<std::string> write_llama_cpp_export(const TensorSource& dump,
       node("cache_k_l" + n + " (view)", kc);
       node("cache_k_l" + n + " (view) (permuted)", qk(kc));
       const TensorData vc = pad_axis(get(p + "attn.v_cache"), 1, n_kv, -1e3f);  // [Hkv, n_kv, Dh]
-      if (o.v_cont) {
+      if (o.flash_attn) {
+        node("cache_v_l" + n + " (view)", vc);
+        node("cache_v_l" + n + " (view) (permuted)", vc);
+        node("__fattn__-" + n, get(p + "attn.ctx"));  // [T, Hq, Dh] as ne [Dh, Hq, T]: the same values
+        node("kqv_out-" + n, get(p + "attn.ctx"));
+      } else if (o.v_cont) {
         node("cache_v_l" + n + " (view) (permuted)", vc);
         node("v_cont-" + n, import::permute(vc, {0, 2, 1}));
       } else {
         node("cache_v_l" + n + " (view) (permuted)", import::permute(vc, {0, 2, 1}));  // [Hkv, Dh, n_kv]
       }
-      node("kq-" + n, pad_axis(import::scale(get(p + "attn.scores"), 1.0 / cfg.attn_scaling()), 2, n_kv, 7.f));
-      node("kq_soft_max-" + n, pad_axis(get(p + "attn.probs"), 2, n_kv, 0.f));
-      node("kqv_out-" + n, get(p + "attn.ctx"));
+      if (!o.flash_attn) {
+        node("kq-" + n, pad_axis(import::scale(get(p + "attn.scores"), 1.0 / cfg.attn_scaling()), 2, n_kv, 7.f));
+        node("kq_soft_max-" + n, pad_axis(get(p + "attn.probs"), 2, n_kv, 0.f));
+        node("kqv_out-" + n, get(p + "attn.ctx"));
+      }
       if (cfg.model_type == "llama") node("attn_out-" + n, get(p + "attn.out"));
       node("ffn_inp-" + n, rows(get(p + "attn_residual")));
       node("norm-" + n, rows(get(p + "mlp_norm")));
