@@ -14,6 +14,7 @@ std::unique_ptr<Engine> make_engine(const std::string& which, const Model& model
       throw UsageError("--mla " + opt.mla + " applies to the impl engine only (the ref computes HF's naive form)");
     if (!opt.precision.empty())
       throw UsageError("--precision applies to the impl engine only (the ref computes HF's numerics)");
+    if (opt.kv_ring != 0) throw UsageError("--kv-ring applies to the impl engine only (the ref keeps every position)");
     ref::RefOptions r;
     r.dtype = opt.dtype.empty() ? model.config.default_dtype() : parse_compute_dtype(opt.dtype);
     r.threads = opt.threads;
@@ -29,6 +30,7 @@ std::unique_ptr<Engine> make_engine(const std::string& which, const Model& model
     o.release_weights = opt.release_weights;
     o.mla = impl::parse_mla_form(opt.mla);
     o.precision = PrecisionProfile::parse(opt.precision);
+    o.kv_ring = opt.kv_ring;
     for (const auto& b : opt.inject) o.bugs.push_back(zoo::parse_bug(b));
     return impl::make_impl_engine(model, o);
   }
@@ -50,6 +52,7 @@ Manifest make_manifest(const std::string& producer, const std::string& dtype, co
 Manifest make_manifest(const Engine& engine, const Model& model, const std::string& model_dir, const Scenario& sc) {
   Manifest m = make_manifest(engine.producer(), engine.dtype_name(), model, model_dir, sc);
   if (!engine.precision().empty()) m.extra["precision"] = engine.precision().json();
+  if (!engine.kv_cache_json().empty()) m.extra["kv_cache"] = engine.kv_cache_json();
   return m;
 }
 

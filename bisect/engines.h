@@ -20,6 +20,7 @@ struct EngineOptions {
   bool release_weights = false;      // impl: ImplOptions::release_weights
   std::string mla = "naive";         // impl, MLA models: ImplOptions::mla ("naive" or "absorbed")
   std::string precision;             // impl: a PrecisionProfile::parse() spec ("" = none)
+  int64_t kv_ring = 0;               // impl: ImplOptions::kv_ring (0 = contiguous cache)
 };
 
 // "ref" or "impl"; throws UsageError otherwise (or for bugs given to the ref).

@@ -81,6 +81,11 @@ void setup_dump(CLI::App& app, Action& action) {
                   "cached, HF's form; default) or absorbed (kv_b_proj folded into q and ctx, only the latent and "
                   "k_pe cached)")
       ->check(CLI::IsMember({"naive", "absorbed"}));
+  sub->add_option("--kv-ring", o->engine_opts.kv_ring,
+                  "impl: a ring-buffer KV cache of this many positions (position p in slot p mod C, as engines "
+                  "with a fixed MaxSeqLen keep it); once a call's positions exceed it, attention reads only the last "
+                  "C and the cache sites hold the ring's slots. The manifest says kv_cache ring")
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("--precision", o->engine_opts.precision,
                   "impl: roundings made on purpose, KEY=VALUE,...: kv_cache=f16|bf16 (a 16-bit KV cache), "
                   "matmul_input=f16|bf16|q8_0|q8_k (every matmul input rounded so) or ggml (as llama.cpp's CPU "

@@ -28,6 +28,9 @@ class Engine {
   virtual std::string dtype_name() const = 0;    // compute dtype, spec spelling
   // The roundings the engine makes on purpose (the manifest's `precision`).
   virtual PrecisionProfile precision() const { return {}; }
+  // The manifest's `kv_cache` (docs/DUMP_FORMAT.md) when the cache is not
+  // contiguous, e.g. {"kind": "ring", "capacity": 6}; empty: contiguous.
+  virtual std::string kv_cache_json() const { return ""; }
 };
 
 struct Scenario {

@@ -37,6 +37,12 @@ struct ImplOptions {
   // Roundings made on purpose (a lower-precision KV cache, rounded or 8-bit
   // matmul inputs), as a candidate's manifest declares them; empty: none.
   PrecisionProfile precision;
+  // A ring-buffer KV cache of this many positions (Loom's pos % MaxSeqLen),
+  // 0: contiguous. Once a call's S exceeds it, attention reads only the last
+  // kv_ring positions (the older ones were overwritten), and the cache sites
+  // hold the ring's slots: [Hkv, min(S, kv_ring), Dh], slot j the position
+  // p = j mod kv_ring. GQA attention only.
+  int64_t kv_ring = 0;
 };
 
 // Throws UsageError when a bug cannot apply to the model.

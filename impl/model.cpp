@@ -73,6 +73,17 @@ std::vector<float> causal_mask(int64_t T, int64_t S, int64_t offset, int64_t win
 }
 
 // The whole KV cache [S, Hkv*Dh] of one layer as [Hkv, S, Dh].
+// A ring of `capacity` slots after S positions were written at p mod
+// capacity: slot j holds the newest position p < S with p mod capacity = j.
+// Rows of `width` floats; the result has min(S, capacity) rows.
+std::vector<float> ring_slots(const std::vector<float>& c, int64_t S, int64_t capacity, int64_t width) {
+  const int64_t n = std::min(S, capacity);
+  std::vector<float> out(size_t(n * width));
+  for (int64_t p = S - n; p < S; ++p)
+    std::copy_n(&c[size_t(p * width)], width, &out[size_t((p % capacity) * width)]);
+  return out;
+}
+
 std::vector<float> head_major_cache(const std::vector<float>& c, int64_t S, int64_t Hkv, int64_t Dh) {
   std::vector<float> out(size_t(Hkv * S * Dh));
   for (int64_t h = 0; h < Hkv; ++h)
@@ -173,6 +184,9 @@ class ImplEngine final : public Engine {
     faults_ = zoo::apply_bugs(bugs_, cfg_);
     if (opt.max_seq < 0) throw UsageError("impl: max_seq must be >= 0, got " + std::to_string(opt.max_seq));
     capacity_ = opt.max_seq > 0 ? opt.max_seq : cfg_.max_position_embeddings;
+    if (opt.kv_ring < 0) throw UsageError("impl: kv_ring must be >= 0, got " + std::to_string(opt.kv_ring));
+    if (opt.kv_ring > 0 && cfg_.mla.enabled) throw UsageError("impl: a ring KV cache is for GQA attention, not MLA");
+    ring_ = opt.kv_ring;
     const int64_t Hq = cfg_.num_attention_heads, Hkv = cfg_.num_key_value_heads;
     for (int64_t h = 0; h < Hq; ++h)
       kv_head_.push_back(int(faults_.repeat_kv_tile ? h % Hkv : h / (Hq / Hkv)));
@@ -199,6 +213,9 @@ class ImplEngine final : public Engine {
   }
   std::string dtype_name() const override { return "float32"; }
   PrecisionProfile precision() const override { return precision_; }
+  std::string kv_cache_json() const override {
+    return ring_ > 0 ? "{\"kind\": \"ring\", \"capacity\": " + std::to_string(ring_) + "}" : "";
+  }
 
   std::vector<float> forward(const std::vector<int64_t>& tokens, int step, Observer& obs) override;
 
@@ -220,6 +237,7 @@ class ImplEngine final : public Engine {
   bool release_ = false;
   bool absorbed_ = false;    // MLA in the absorbed form
   int64_t capacity_ = 0;     // KV cache capacity in tokens
+  int64_t ring_ = 0;  // ring KV cache capacity, 0: contiguous
   std::vector<int> kv_head_; // [Hq]: kv head each query head reads
   std::vector<int> latent_head_;  // [Hq]: all 0 (absorbed MLA: every head reads the one latent)
   ThreadPool pool_;
@@ -323,6 +341,9 @@ std::vector<float> ImplEngine::forward(const std::vector<int64_t>& tokens, int s
   // Causal mask over the S keys: query t sits at key position S-T+t.
   std::vector<float> mask = bug.mask_missing ? std::vector<float>(size_t(T * S), 1.0f)
                                              : causal_mask(T, S, bug.mask_square ? 0 : S - T, c.sliding_window);
+  // A ring of ring_ slots holds the last ring_ positions: the older keys were overwritten.
+  const int64_t ring_lost = ring_ > 0 && S > ring_ ? S - ring_ : 0;
+  for (int64_t t = 0; t < T; ++t) std::fill_n(&mask[size_t(t * S)], ring_lost, 0.0f);
   site.f32("mask", {T, S}, mask.data());  // [T, S]
 
   std::vector<float>& x = zeroed(buf_.x, T * D);                                    // [T, D] residual stream
@@ -409,14 +430,17 @@ std::vector<float> ImplEngine::forward(const std::vector<int64_t>& tokens, int s
 
       // Append this call's K (after RoPE) and V to the cache: [S, Hkv*Dh].
       cache.append(k, v, S, T, k_dim, v_dim, precision_.kv_cache);
+      // What the cache holds: every position, or a ring's slots.
+      const int64_t held = ring_ > 0 ? std::min(S, ring_) : S;
+      auto stored = [&](const std::vector<float>& c) { return ring_ > 0 ? ring_slots(c, S, ring_, k_dim) : c; };
       if (site.wants(l, "attn.k_cache"))
-        site.f32(l, "attn.k_cache", {Hkv, S, Dh}, head_major_cache(cache.k, S, Hkv, Dh).data());
+        site.f32(l, "attn.k_cache", {Hkv, held, Dh}, head_major_cache(stored(cache.k), held, Hkv, Dh).data());
       if (site.wants(l, "attn.v_cache"))
-        site.f32(l, "attn.v_cache", {Hkv, S, Dh}, head_major_cache(cache.v, S, Hkv, Dh).data());
+        site.f32(l, "attn.v_cache", {Hkv, held, Dh}, head_major_cache(stored(cache.v), held, Hkv, Dh).data());
       if (site.wants(l, "attn.k_rep"))
-        site.f32(l, "attn.k_rep", {Hq, S, Dh}, repeat_kv(cache.k, S, Hq, Hkv, Dh, kv_head_).data());
+        site.f32(l, "attn.k_rep", {Hq, held, Dh}, repeat_kv(stored(cache.k), held, Hq, Hkv, Dh, kv_head_).data());
       if (site.wants(l, "attn.v_rep"))
-        site.f32(l, "attn.v_rep", {Hq, S, Dh}, repeat_kv(cache.v, S, Hq, Hkv, Dh, kv_head_).data());
+        site.f32(l, "attn.v_rep", {Hq, held, Dh}, repeat_kv(stored(cache.v), held, Hq, Hkv, Dh, kv_head_).data());
 
       // softmax(q·kᵀ * scale + mask) · v, per (head, query) in parallel.
       att.Hq = Hq, att.Hkv = Hkv, att.Dh = Dh;

@@ -285,6 +285,44 @@ TEST(CliKvRing, ARingCacheThatWrappedIsTheFindingFromTheStepItWraps) {
   EXPECT_EQ(notes(roomy).find("ring KV cache"), std::string::npos) << notes(roomy);
 }
 
+// The impl's own ring cache (dump --kv-ring C) replaying HF's decode (S = 5,
+// 6, 7, 8): a ring of 6 wraps at step 2, its cache sites hold the ring's six
+// slots, and bisect names the wrap at step 2, not a bug; a ring of 8 never
+// wraps and passes.
+TEST(CliKvRing, ImplRingCacheWrapsAndIsNamed) {
+  const std::string model = golden_model("llama-gqa"), replay = golden_dump("llama-gqa", "decode");
+  auto ring_run = [&](int capacity) {
+    const std::string out = temp_path("impl-ring" + std::to_string(capacity) + ".safetensors");
+    const CliRun d = run_cli({"dump", "--engine", "impl", "--kv-ring", std::to_string(capacity), "--model", model,
+                              "--replay", replay, "--out", out});
+    EXPECT_EQ(d.code, 0) << d.error;
+    return out;
+  };
+  const std::string wrapped = ring_run(6);
+  const DumpFile w(wrapped);
+  EXPECT_EQ(w.manifest().extra.at("kv_cache"), R"({"kind": "ring", "capacity": 6})");
+  EXPECT_EQ(w.shape("step1.layers.0.attn.k_cache"), (Shape{2, 6, 16}));
+  EXPECT_EQ(w.shape("step3.layers.0.attn.k_cache"), (Shape{2, 6, 16}));
+  // Slot j holds position p = j mod 6: at step 3 (S = 8) slot 0 is position 6, slot 2 position 2.
+  const TensorData ring = w.get("step3.layers.0.attn.k_cache"), full = DumpFile(replay).get("step3.layers.0.attn.k_cache");
+  for (int64_t d = 0; d < 16; ++d) {
+    EXPECT_NEAR(ring.f[size_t(0 * 16 + d)], full.f[size_t(6 * 16 + d)], 1e-4);
+    EXPECT_NEAR(ring.f[size_t(2 * 16 + d)], full.f[size_t(2 * 16 + d)], 1e-4);
+  }
+  CliRun r = run_cli({"bisect", "--model", model, wrapped, "--json"});
+  ASSERT_EQ(r.code, 1) << r.error;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["diagnosis"]["basis"], "kv-ring") << j["diagnosis"].dump(1);
+  EXPECT_EQ(j["localised_at"].get<std::string>().rfind("step2.", 0), 0u) << j["localised_at"];
+  EXPECT_NE(j["diagnosis"]["evidence"].get<std::string>().find("positions < 1 overwritten"), std::string::npos);
+  r = run_cli({"bisect", "--model", model, ring_run(8)});
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(run_cli({"dump", "--engine", "ref", "--kv-ring", "6", "--model", model, "--replay", replay, "--out",
+                     temp_path("ref-ring.safetensors")})
+                .code,
+            2);
+}
+
 TEST(CliBatch, EachSequencesSamplerIsCheckedOnItsOwnLogits) {
   // Two impl runs that sample, one with the sampler bug that applies the
   // temperature twice, written as seq0 and seq1 of one dump with their own
