@@ -76,6 +76,22 @@ int llmdump_seq_name(char* buf, size_t size, int seq, const char* name);        
 
 /* [T, H, Dh] (e.g. [T, H*Dh] as an engine holds it) -> [H, T, Dh], head-major. */
 void llmdump_head_major_f32(const float* src, float* dst, int64_t T, int64_t H, int64_t Dh);
+/* One sequence of a padded batch (docs/DUMP_FORMAT.md, "Several sequences":
+ * padding stripped). `src` is the sequence's slice of the batched tensor, laid
+ * out as [outer, n, inner] with n padded token (or key) rows: outer 1 for
+ * [Tpad, X] tensors, H for head-major [H, Tpad, Dh] ones and caches. Copies
+ * rows [first, first + count) of every outer block to dst [outer, count,
+ * inner]: first = pad for a left-padded sequence, 0 for right padding. */
+void llmdump_take_rows_f32(const float* src, float* dst, int64_t outer, int64_t n, int64_t inner, int64_t first,
+                           int64_t count);
+/* A paged KV pool gathered into one sequence's logical cache dst [heads, length, dh]:
+ * position s lives in block block_table[s / block_size], slot s % block_size. The pool
+ * is [blocks, block_size, heads, dh] (slot_major 1, vLLM-style blocks of token rows) or
+ * [blocks, heads, block_size, dh] (slot_major 0). Returns 0, or -1 when a block id is
+ * outside [0, blocks) or the table is too short for `length` (dst then incomplete). */
+int llmdump_gather_paged_f32(const float* pool, int64_t blocks, int64_t block_size, int64_t heads, int64_t dh,
+                             int slot_major, const int64_t* block_table, int64_t table_len, int64_t length,
+                             float* dst);
 /* Exact widening, bit-identical to llmdiff's conversions. */
 float llmdump_bf16_to_f32(uint16_t h);
 float llmdump_f16_to_f32(uint16_t h);
@@ -689,6 +705,29 @@ void llmdump_head_major_f32(const float* src, float* dst, int64_t T, int64_t H, 
   for (h = 0; h < H; ++h)
     for (t = 0; t < T; ++t)
       memcpy(dst + (h * T + t) * Dh, src + (t * H + h) * Dh, (size_t)Dh * sizeof(float));
+}
+
+void llmdump_take_rows_f32(const float* src, float* dst, int64_t outer, int64_t n, int64_t inner, int64_t first,
+                           int64_t count) {
+  int64_t o;
+  for (o = 0; o < outer; ++o)
+    memcpy(dst + o * count * inner, src + (o * n + first) * inner, (size_t)(count * inner) * sizeof(float));
+}
+
+int llmdump_gather_paged_f32(const float* pool, int64_t blocks, int64_t block_size, int64_t heads, int64_t dh,
+                             int slot_major, const int64_t* block_table, int64_t table_len, int64_t length,
+                             float* dst) {
+  int64_t s, h;
+  if (block_size <= 0 || length > table_len * block_size) return -1;
+  for (s = 0; s < length; ++s) {
+    const int64_t b = block_table[s / block_size], slot = s % block_size;
+    if (b < 0 || b >= blocks) return -1;
+    for (h = 0; h < heads; ++h) {
+      const int64_t at = slot_major ? ((b * block_size + slot) * heads + h) * dh : ((b * heads + h) * block_size + slot) * dh;
+      memcpy(dst + (h * length + s) * dh, pool + at, (size_t)dh * sizeof(float));
+    }
+  }
+  return 0;
 }
 
 #ifdef __cplusplus

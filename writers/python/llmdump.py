@@ -24,7 +24,8 @@ import os
 import numpy as np
 
 FORMAT = "llm-dump/1"
-__all__ = ["DumpWriter", "DumpError", "step_name", "layer_name", "seq_name", "head_major",
+__all__ = ["DumpWriter", "DumpError", "step_name", "layer_name", "seq_name", "head_major", "strip_padding",
+           "gather_paged",
            "bf16_to_f32", "f16_to_f32", "FORMAT"]
 
 _counter = itertools.count()
@@ -59,6 +60,38 @@ def head_major(x, heads=None):
     if x.ndim != 3:
         raise DumpError("head_major: expected [T, H, Dh], got shape %s" % list(x.shape))
     return np.ascontiguousarray(x.transpose(1, 0, 2))
+
+
+def strip_padding(x, pad, axis=0, length=None):
+    """One sequence of a padded batch without its padding: entries [pad, pad + length)
+    of its token (or key) axis (`length` default: to the end). pad = the sequence's
+    left padding; 0 with `length` for right padding. axis 0 for [T, X] tensors, 1 for
+    head-major [H, T, Dh] ones and caches."""
+    x = np.asarray(x)
+    end = x.shape[axis] if length is None else pad + length
+    if pad < 0 or end > x.shape[axis]:
+        raise DumpError("strip_padding: rows [%d, %d) of an axis of %d" % (pad, end, x.shape[axis]))
+    return np.ascontiguousarray(np.take(x, np.arange(pad, end), axis=axis))
+
+
+def gather_paged(pool, block_table, length, layout="block,slot,head,dim"):
+    """A paged KV pool as one sequence's logical cache [heads, length, dh]: position s
+    in block block_table[s // block_size], slot s % block_size. pool is
+    [blocks, block_size, heads, dh] ("block,slot,head,dim") or
+    [blocks, heads, block_size, dh] ("block,head,slot,dim")."""
+    pool = np.asarray(pool)
+    if layout == "block,head,slot,dim":
+        pool = pool.transpose(0, 2, 1, 3)
+    elif layout != "block,slot,head,dim":
+        raise DumpError("gather_paged: layout %r is not block,slot,head,dim or block,head,slot,dim" % layout)
+    blocks, bs = pool.shape[0], pool.shape[1]
+    table = np.asarray(block_table, dtype=np.int64)
+    if length > len(table) * bs:
+        raise DumpError("gather_paged: %d positions need %d blocks, the table has %d" % (length, -(-length // bs), len(table)))
+    if ((table < 0) | (table >= blocks)).any():
+        raise DumpError("gather_paged: a block id outside the pool of %d" % blocks)
+    rows = pool[table].reshape(len(table) * bs, pool.shape[2], pool.shape[3])[:length]  # [length, heads, dh]
+    return np.ascontiguousarray(rows.transpose(1, 0, 2))
 
 
 def bf16_to_f32(bits):

@@ -150,6 +150,34 @@ def test_atomic(work):
     check(sorted(x for x in os.listdir(d) if ".tmp.%d." % os.getpid() in x) == [], "temporaries left")
 
 
+def test_batch_helpers(golden):
+    """A golden cache left-padded then stripped, and paged (scattered blocks, both layouts) then gathered."""
+    _, tensors = read_safetensors(golden)
+    steps = [t for t in tensors if t[0].endswith(".layers.0.attn.k_cache")]
+    name, _, shape, raw = steps[-1]
+    kc = np.frombuffer(raw, np.float32).reshape(shape)  # [Hkv, S, Dh]
+    H, S, Dh = shape
+    padded = np.concatenate([np.full((H, 3, Dh), -9, np.float32), kc], axis=1)
+    check(np.array_equal(llmdump.strip_padding(padded, 3, axis=1), kc), "strip_padding of " + name)
+    right = np.concatenate([kc, np.full((H, 2, Dh), -9, np.float32)], axis=1)
+    check(np.array_equal(llmdump.strip_padding(right, 0, axis=1, length=S), kc), "strip_padding of right padding")
+    bs, blocks = 2, 9
+    used = -(-S // bs)
+    table = [(b * 5 + 3) % blocks for b in range(used)]
+    pool = np.full((blocks, bs, H, Dh), 5, np.float32)
+    for s in range(S):
+        pool[table[s // bs], s % bs] = kc[:, s]
+    check(np.array_equal(llmdump.gather_paged(pool, table, S), kc), "gather_paged block,slot,head,dim")
+    check(np.array_equal(llmdump.gather_paged(pool.transpose(0, 2, 1, 3), table, S, "block,head,slot,dim"), kc),
+          "gather_paged block,head,slot,dim")
+    for bad in ([blocks] + table[1:], table[:-1]):
+        try:
+            llmdump.gather_paged(pool, bad, S)
+            check(False, "gather_paged accepted %s" % bad)
+        except llmdump.DumpError:
+            pass
+
+
 def main():
     if len(sys.argv) < 2 or len(sys.argv) % 2 != 0:
         print(__doc__, file=sys.stderr)
@@ -162,6 +190,8 @@ def main():
     test_helpers()
     test_malformed(work)
     test_atomic(work)
+    if pairs:
+        test_batch_helpers(pairs[0][0])
     if failures:
         print("%d check(s) failed" % len(failures), file=sys.stderr)
         return 1

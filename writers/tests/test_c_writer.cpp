@@ -7,6 +7,7 @@
 #include <unistd.h>
 #include <dirent.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -251,6 +252,42 @@ void test_atomic(const std::string& dir) {
   ::rmdir(sub.c_str());
 }
 
+// The batch helpers on a golden cache: a left-padded copy stripped back, a
+// paged pool (blocks scattered, both layouts) gathered back.
+void test_batch_helpers(const std::string& golden) {
+  const llmdiff::DumpFile g(golden);
+  const std::string name = "step" + std::to_string(g.num_steps() - 1) + ".layers.0.attn.k_cache";
+  const llmdiff::TensorData kc = g.get(name);  // [Hkv, S, Dh]
+  const int64_t H = kc.shape[0], S = kc.shape[1], Dh = kc.shape[2], pad = 3;
+  std::vector<float> padded(size_t(H * (S + pad) * Dh), -9.f), back(kc.f.size());
+  for (int64_t h = 0; h < H; ++h)
+    std::copy_n(&kc.f[size_t(h * S * Dh)], S * Dh, &padded[size_t((h * (S + pad) + pad) * Dh)]);
+  llmdump_take_rows_f32(padded.data(), back.data(), H, S + pad, Dh, pad, S);
+  CHECK(back == kc.f, "take_rows does not strip the left padding of " << name);
+  const int64_t bs = 2, blocks = 9, used = (S + bs - 1) / bs;
+  std::vector<int64_t> table;
+  for (int64_t b = 0; b < used; ++b) table.push_back((b * 5 + 3) % blocks);  // scattered, distinct
+  for (int slot_major = 0; slot_major < 2; ++slot_major) {
+    std::vector<float> pool(size_t(blocks * bs * H * Dh), 5.f), out(kc.f.size());
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t b = table[size_t(s / bs)], slot = s % bs;
+        const int64_t at = slot_major ? ((b * bs + slot) * H + h) * Dh : ((b * H + h) * bs + slot) * Dh;
+        std::copy_n(&kc.f[size_t((h * S + s) * Dh)], Dh, &pool[size_t(at)]);
+      }
+    CHECK(llmdump_gather_paged_f32(pool.data(), blocks, bs, H, Dh, slot_major, table.data(), used, S, out.data()) == 0,
+          "gather_paged refused a valid table");
+    CHECK(out == kc.f, "gather_paged (slot_major " << slot_major << ") does not rebuild " << name);
+    std::vector<int64_t> bad = table;
+    bad[0] = blocks;
+    CHECK(llmdump_gather_paged_f32(pool.data(), blocks, bs, H, Dh, slot_major, bad.data(), used, S, out.data()) == -1,
+          "gather_paged accepted a block outside the pool");
+    CHECK(llmdump_gather_paged_f32(pool.data(), blocks, bs, H, Dh, slot_major, table.data(), used - 1, S,
+                                   out.data()) == -1,
+          "gather_paged accepted a table too short");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -266,6 +303,7 @@ int main(int argc, char** argv) {
     test_small_and_helpers(dir);
     test_malformed(dir);
     test_atomic(dir);
+    if (argc > 2) test_batch_helpers(argv[2]);
   } catch (const std::exception& e) {
     std::cerr << "exception: " << e.what() << "\n";
     return 1;

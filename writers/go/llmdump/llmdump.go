@@ -431,6 +431,47 @@ func HeadMajor(src []float32, T, H, Dh int) []float32 {
 	return dst
 }
 
+// TakeRows strips one sequence's padding: src is the sequence's slice of a
+// batched tensor laid out as [outer, n, inner] with n padded token (or key)
+// rows (outer 1 for [Tpad, X], H for head-major [H, Tpad, Dh] and caches); the
+// result is rows [first, first+count) of every outer block, [outer, count,
+// inner]. first = the left padding, or 0 for right padding.
+func TakeRows(src []float32, outer, n, inner, first, count int) []float32 {
+	dst := make([]float32, outer*count*inner)
+	for o := 0; o < outer; o++ {
+		copy(dst[o*count*inner:(o+1)*count*inner], src[(o*n+first)*inner:(o*n+first+count)*inner])
+	}
+	return dst
+}
+
+// GatherPaged turns a paged KV pool into one sequence's logical cache
+// [heads, length, dh]: position s lives in block blockTable[s/blockSize], slot
+// s%blockSize. The pool is [blocks, blockSize, heads, dh] (slotMajor) or
+// [blocks, heads, blockSize, dh]. An error for a block id outside the pool or
+// a table too short for length.
+func GatherPaged(pool []float32, blocks, blockSize, heads, dh int, slotMajor bool, blockTable []int64,
+	length int) ([]float32, error) {
+	if blockSize <= 0 || length > len(blockTable)*blockSize {
+		return nil, fmt.Errorf("llmdump: GatherPaged: %d positions need more than %d blocks of %d", length,
+			len(blockTable), blockSize)
+	}
+	dst := make([]float32, heads*length*dh)
+	for s := 0; s < length; s++ {
+		b, slot := int(blockTable[s/blockSize]), s%blockSize
+		if b < 0 || b >= blocks {
+			return nil, fmt.Errorf("llmdump: GatherPaged: block %d is outside the pool of %d", b, blocks)
+		}
+		for h := 0; h < heads; h++ {
+			at := ((b*heads+h)*blockSize + slot) * dh
+			if slotMajor {
+				at = ((b*blockSize+slot)*heads + h) * dh
+			}
+			copy(dst[(h*length+s)*dh:(h*length+s+1)*dh], pool[at:at+dh])
+		}
+	}
+	return dst, nil
+}
+
 // BF16ToF32 widens bfloat16 bits exactly.
 func BF16ToF32(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
 

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -278,5 +279,64 @@ func TestAtomic(t *testing.T) {
 	}
 	if err := w.AddF32("late", nil, []float32{1}); err == nil {
 		t.Error("add after Close accepted")
+	}
+}
+
+// The batch helpers on a golden cache: left padding stripped back, a paged
+// pool (scattered blocks, both layouts) gathered back.
+func TestBatchHelpers(t *testing.T) {
+	pairs := strings.Split(os.Getenv("LLMDUMP_PAIRS"), ",")
+	if len(pairs) < 2 {
+		t.Fatal("LLMDUMP_PAIRS is not set (CTest sets it)")
+	}
+	_, entries := readSafetensors(t, pairs[0])
+	var kc entry
+	for _, e := range entries {
+		if strings.HasSuffix(e.name, ".layers.0.attn.k_cache") {
+			kc = e
+		}
+	}
+	H, S, Dh := int(kc.shape[0]), int(kc.shape[1]), int(kc.shape[2])
+	want := make([]float32, H*S*Dh)
+	for i := range want {
+		want[i] = math.Float32frombits(binary.LittleEndian.Uint32(kc.data[4*i:]))
+	}
+	pad := 3
+	padded := make([]float32, H*(S+pad)*Dh)
+	for h := 0; h < H; h++ {
+		copy(padded[(h*(S+pad)+pad)*Dh:], want[h*S*Dh:(h+1)*S*Dh])
+	}
+	if got := TakeRows(padded, H, S+pad, Dh, pad, S); !reflect.DeepEqual(got, want) {
+		t.Errorf("TakeRows does not strip the left padding of %s", kc.name)
+	}
+	bs, blocks := 2, 9
+	used := (S + bs - 1) / bs
+	var table []int64
+	for b := 0; b < used; b++ {
+		table = append(table, int64((b*5+3)%blocks))
+	}
+	for _, slotMajor := range []bool{true, false} {
+		pool := make([]float32, blocks*bs*H*Dh)
+		for s := 0; s < S; s++ {
+			for h := 0; h < H; h++ {
+				b, slot := int(table[s/bs]), s%bs
+				at := ((b*H+h)*bs + slot) * Dh
+				if slotMajor {
+					at = ((b*bs+slot)*H + h) * Dh
+				}
+				copy(pool[at:at+Dh], want[(h*S+s)*Dh:(h*S+s+1)*Dh])
+			}
+		}
+		got, err := GatherPaged(pool, blocks, bs, H, Dh, slotMajor, table, S)
+		if err != nil || !reflect.DeepEqual(got, want) {
+			t.Errorf("GatherPaged (slotMajor %v) does not rebuild %s: %v", slotMajor, kc.name, err)
+		}
+		bad := append([]int64{int64(blocks)}, table[1:]...)
+		if _, err := GatherPaged(pool, blocks, bs, H, Dh, slotMajor, bad, S); err == nil {
+			t.Error("GatherPaged accepted a block outside the pool")
+		}
+		if _, err := GatherPaged(pool, blocks, bs, H, Dh, slotMajor, table[:used-1], S); err == nil {
+			t.Error("GatherPaged accepted a table too short")
+		}
 	}
 }

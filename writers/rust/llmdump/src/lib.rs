@@ -374,6 +374,45 @@ pub fn head_major<T: Copy + Default>(src: &[T], t: usize, h: usize, dh: usize) -
     dst
 }
 
+/// One sequence of a padded batch without its padding: `src` is the
+/// sequence's slice laid out as [outer, n, inner] with n padded token (or key)
+/// rows (outer 1 for [Tpad, X], H for head-major [H, Tpad, Dh] and caches);
+/// returns rows [first, first + count) of every outer block, [outer, count,
+/// inner]. first = the left padding, 0 for right padding.
+pub fn take_rows<T: Copy>(src: &[T], outer: usize, n: usize, inner: usize, first: usize, count: usize) -> Vec<T> {
+    let mut dst = Vec::with_capacity(outer * count * inner);
+    for o in 0..outer {
+        dst.extend_from_slice(&src[(o * n + first) * inner..(o * n + first + count) * inner]);
+    }
+    dst
+}
+
+/// A paged KV pool as one sequence's logical cache [heads, length, dh]:
+/// position s lives in block block_table[s / block_size], slot s % block_size.
+/// The pool is [blocks, block_size, heads, dh] (slot_major) or
+/// [blocks, heads, block_size, dh]. Err for a block id outside the pool or a
+/// table too short for `length`.
+#[allow(clippy::too_many_arguments)]
+pub fn gather_paged(pool: &[f32], blocks: usize, block_size: usize, heads: usize, dh: usize, slot_major: bool,
+                    block_table: &[i64], length: usize) -> Result<Vec<f32>, String> {
+    if block_size == 0 || length > block_table.len() * block_size {
+        return Err(format!("gather_paged: {} positions need more than {} blocks of {}", length, block_table.len(), block_size));
+    }
+    let mut dst = vec![0f32; heads * length * dh];
+    for s in 0..length {
+        let (b, slot) = (block_table[s / block_size], s % block_size);
+        if b < 0 || b as usize >= blocks {
+            return Err(format!("gather_paged: block {} is outside the pool of {}", b, blocks));
+        }
+        let b = b as usize;
+        for h in 0..heads {
+            let at = if slot_major { ((b * block_size + slot) * heads + h) * dh } else { ((b * heads + h) * block_size + slot) * dh };
+            dst[(h * length + s) * dh..(h * length + s + 1) * dh].copy_from_slice(&pool[at..at + dh]);
+        }
+    }
+    Ok(dst)
+}
+
 /// bfloat16 bits -> f32, exact.
 pub fn bf16_to_f32(h: u16) -> f32 {
     f32::from_bits((h as u32) << 16)

@@ -310,3 +310,46 @@ fn atomic() {
     assert_eq!(ts.len(), 1);
     assert!(w.add_f32("late", &[], &[1.0]).is_err());
 }
+
+// The batch helpers on a golden cache: left padding stripped back, a paged
+// pool (scattered blocks, both layouts) gathered back.
+#[test]
+fn batch_helpers() {
+    let pairs = match std::env::var("LLMDUMP_PAIRS") {
+        Ok(p) if !p.is_empty() => p,
+        _ => {
+            eprintln!("LLMDUMP_PAIRS not set (run through CTest): skipped");
+            return;
+        }
+    };
+    let golden = pairs.split(',').next().unwrap().to_string();
+    let (_, tensors) = read_safetensors(&golden);
+    let kc = tensors.iter().filter(|e| e.name.ends_with(".layers.0.attn.k_cache")).last().expect("a k_cache");
+    let (h, s, dh) = (kc.shape[0] as usize, kc.shape[1] as usize, kc.shape[2] as usize);
+    let want: Vec<f32> = kc.data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    assert_eq!(kc.dtype, "F32");
+    let pad = 3;
+    let mut padded = vec![-9f32; h * (s + pad) * dh];
+    for hh in 0..h {
+        padded[(hh * (s + pad) + pad) * dh..(hh * (s + pad) + pad + s) * dh].copy_from_slice(&want[hh * s * dh..(hh + 1) * s * dh]);
+    }
+    assert_eq!(take_rows(&padded, h, s + pad, dh, pad, s), want, "take_rows does not strip the left padding");
+    let (bs, blocks) = (2usize, 9usize);
+    let used = (s + bs - 1) / bs;
+    let table: Vec<i64> = (0..used).map(|b| ((b * 5 + 3) % blocks) as i64).collect();
+    for slot_major in [true, false] {
+        let mut pool = vec![5f32; blocks * bs * h * dh];
+        for p in 0..s {
+            for hh in 0..h {
+                let (b, slot) = (table[p / bs] as usize, p % bs);
+                let at = if slot_major { ((b * bs + slot) * h + hh) * dh } else { ((b * h + hh) * bs + slot) * dh };
+                pool[at..at + dh].copy_from_slice(&want[(hh * s + p) * dh..(hh * s + p + 1) * dh]);
+            }
+        }
+        assert_eq!(gather_paged(&pool, blocks, bs, h, dh, slot_major, &table, s).unwrap(), want);
+        let mut bad = table.clone();
+        bad[0] = blocks as i64;
+        assert!(gather_paged(&pool, blocks, bs, h, dh, slot_major, &bad, s).is_err());
+        assert!(gather_paged(&pool, blocks, bs, h, dh, slot_major, &table[..used - 1], s).is_err());
+    }
+}
