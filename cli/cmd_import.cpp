@@ -23,6 +23,7 @@ struct ImportCliOptions {
   std::string tokens;               // --tokens "1,2,3;4;5": each forward call's input ids
   std::string dtype = "float32";    // --dtype: the engine's compute dtype
   std::string producer;             // --producer
+  std::string precision;            // --precision: the engine's designed roundings
   bool quiet = false;
 };
 
@@ -49,6 +50,7 @@ int run_import(const ImportCliOptions& o) {
   io.tokens = parse_steps(o.tokens);
   io.dtype = o.dtype;
   io.producer = o.producer;
+  io.precision = o.precision;
   io.model_name = std::filesystem::path(o.model).filename().string();
   if (io.model_name.empty()) io.model_name = std::filesystem::path(o.model).parent_path().filename().string();
   MemoryDump dump("import");
@@ -96,6 +98,9 @@ void setup_import(CLI::App& app, Action& action) {
   sub->add_option("--dtype", opt->dtype, "The engine's compute dtype: float32, bfloat16, float16")
       ->capture_default_str();
   sub->add_option("--producer", opt->producer, "Manifest producer text (default: llmdiff import and the mapping)");
+  sub->add_option("--precision", opt->precision,
+                  "The engine's designed roundings for the manifest (e.g. kv_cache=f16 for llama.cpp's default "
+                  "float16 cache; see dump --precision)");
   sub->add_flag("--quiet", opt->quiet, "Print only the summary line");
   sub->callback([opt, &action] { action = [opt] { return run_import(*opt); }; });
 }

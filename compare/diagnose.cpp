@@ -1121,13 +1121,65 @@ BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, 
   // A paged KV cache's own bookkeeping (kv.* names), whatever the values say.
   for (const PagedKvFinding& f : check_paged_sequence(cand))
     r.notes.push_back("paged KV cache (" + f.kind + "), " + f.text);
-  if (!r.global.ok() && !r.declare_dtype && r.local.ran && !r.local.first_failure)
-    for (const LocalSite& s : r.local.sites)
-      if (s.stored_as) {
-        r.declare_kv_cache = s.stored_as;
-        break;
+  // A 16-bit cache by design: no op fails on its own inputs, or the only
+  // ones that do are attention products reading the cache, each within that
+  // type's rounding (ggml multiplies q by a 16-bit cache, and the
+  // probabilities by V, in the cache's type).
+  std::optional<ComputeDType> cache16;
+  for (const LocalSite& s : r.local.sites)
+    if (s.stored_as) {
+      cache16 = s.stored_as;
+      break;
+    }
+  const LocalSite* product_failure = nullptr;
+  if (!r.global.ok() && !r.declare_dtype && r.local.ran && cache16) {
+    if (!r.local.first_failure) {
+      r.declare_kv_cache = cache16;
+    } else {
+      const double u = std::ldexp(1.0, *cache16 == ComputeDType::BFloat16 ? -8 : -11);  // unit roundoff
+      bool only_products = true;
+      for (const LocalSite& s : r.local.sites) {
+        if (s.pass) continue;
+        const std::string& site = s.parsed.site;
+        // attn.out too when its recompute ran attention itself (an engine
+        // that never materialises ctx, e.g. ggml's flash attention).
+        const bool product = site == "attn.scores" || site == "attn.probs" || site == "attn.ctx" ||
+                             (site == "attn.out" && s.source.find("attn.ctx*") != std::string::npos);
+        if (!product || !s.shape_match || !s.noise.finite || s.noise.cand_rmse > 8 * u * s.noise.truth_rms) {
+          only_products = false;
+          break;
+        }
       }
-  if (r.declare_kv_cache) {
+      if (only_products) {
+        r.declare_kv_cache = cache16;
+        product_failure = r.local.first();
+      }
+    }
+  }
+  if (r.declare_kv_cache && product_failure) {
+    const std::string d = compute_dtype_name(*r.declare_kv_cache);
+    const std::string key = *r.declare_kv_cache == ComputeDType::BFloat16 ? "bf16" : "f16";
+    // No attention probabilities in the dump: a fused (flash) attention.
+    bool fused = true;
+    for (const LocalSite& s : r.local.sites)
+      if (s.parsed.site == "attn.probs" || s.parsed.site == "attn.scores") fused = false;
+    r.diagnosis.needed = true;
+    r.diagnosis.focus = r.localised_at().value_or("");
+    r.diagnosis.basis = "precision";
+    r.diagnosis.evidence = "no bug: the candidate's KV cache holds every value rounded to " + d +
+                           ", and the only ops that fail on their own inputs are attention products reading it (" +
+                           std::to_string(r.local.failing()) + " sites, first " + product_failure->name +
+                           ": local rmse " + num(product_failure->noise.cand_rmse) + ", " +
+                           num(product_failure->noise.cand_rmse / std::max(product_failure->noise.truth_rms, 1e-300)) +
+                           " of its rms, the size of " + d + " rounding): q and the probabilities multiplied by the "
+                           "cache in its own type, as ggml does" +
+                           (fused ? std::string(" (the dump has no attention probabilities: a fused flash attention, "
+                                                "which also sums the values in that type)")
+                                  : std::string("")) +
+                           ". Declare it in the dump's manifest, \"precision\": {\"kv_cache\": \"" + key +
+                           "\", \"matmul_input\": \"ggml\"" + (fused ? ", \"attention\": \"flash\"" : "") +
+                           "} (llama.cpp), so that the noise floor's second run computes the same way";
+  } else if (r.declare_kv_cache) {
     const std::string d = compute_dtype_name(*r.declare_kv_cache);
     const std::string key = *r.declare_kv_cache == ComputeDType::BFloat16 ? "bf16" : "f16";
     r.diagnosis.needed = true;

@@ -12,6 +12,7 @@
 #include "dumps/import_ops.h"
 #include "dumps/import_pattern.h"
 #include "dumps/names.h"
+#include "dumps/precision.h"
 #include "dumps/rows.h"
 #include "dumps/sites.h"
 
@@ -341,6 +342,7 @@ class Importer {
     bool decode = steps > 1;
     for (int s = 1; s < steps; ++s) decode = decode && tokens_[size_t(s)].size() == 1;
     mf.scenario = steps == 1 ? "prefill" : decode ? "decode" : "chunked";
+    if (!opt_.precision.empty()) mf.extra["precision"] = PrecisionProfile::parse(opt_.precision).json();
   }
 
   const Mapping& m_;

@@ -60,6 +60,7 @@ struct ImportOptions {
   std::string dtype = "float32";  // the engine's compute dtype, for the manifest
   std::string producer;
   std::string model_name;
+  std::string precision;  // a PrecisionProfile spec ("kv_cache=f16"), for the manifest; empty: none
 };
 
 struct ImportSummary {

@@ -19,7 +19,11 @@ bool parse_value(const std::string& key, std::string v, PrecisionProfile& p) {
   else if (v == "bf16" || v == "bfloat16") t = GgmlType::BF16;
   else if (key == "matmul_input" && v == "q8_0") t = GgmlType::Q8_0;
   else if (key == "matmul_input" && v == "q8_k") t = GgmlType::Q8_K;
-  else if (key == "matmul_input" && v == "ggml") {
+  else if (key == "attention") {
+    if (v != "flash" && v != "standard") return false;
+    p.flash_attention = v == "flash";
+    return true;
+  } else if (key == "matmul_input" && v == "ggml") {
     p.weights = true;
     p.matmul_input = GgmlType::F32;
     return true;
@@ -29,7 +33,8 @@ bool parse_value(const std::string& key, std::string v, PrecisionProfile& p) {
   return true;
 }
 
-const char* kValues = "kv_cache: f32, f16, bf16; matmul_input: f32, f16, bf16, q8_0, q8_k, ggml";
+const char* kValues = "kv_cache: f32, f16, bf16; matmul_input: f32, f16, bf16, q8_0, q8_k, ggml; attention: standard, flash";
+bool known_key(const std::string& k) { return k == "kv_cache" || k == "matmul_input" || k == "attention"; }
 
 // A string from the file as JSON with non-ASCII escaped (safe for messages).
 std::string quoted(const std::string& s) { return nlohmann::json(s).dump(-1, ' ', true, nlohmann::json::error_handler_t::replace); }
@@ -52,6 +57,7 @@ std::string PrecisionProfile::str() const {
   if (kv_cache != GgmlType::F32) s += "kv_cache=" + value_name(kv_cache);
   if (weights || matmul_input != GgmlType::F32)
     s += std::string(s.empty() ? "" : ",") + "matmul_input=" + (weights ? "ggml" : value_name(matmul_input));
+  if (flash_attention) s += std::string(s.empty() ? "" : ",") + "attention=flash";
   return s;
 }
 
@@ -59,6 +65,7 @@ std::string PrecisionProfile::json() const {
   nlohmann::json j = nlohmann::json::object();
   if (kv_cache != GgmlType::F32) j["kv_cache"] = value_name(kv_cache);
   if (weights || matmul_input != GgmlType::F32) j["matmul_input"] = weights ? "ggml" : value_name(matmul_input);
+  if (flash_attention) j["attention"] = "flash";
   return j.dump();
 }
 
@@ -70,7 +77,7 @@ PrecisionProfile PrecisionProfile::parse(const std::string& spec) {
     const std::string item = spec.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
     const size_t eq = item.find('=');
     const std::string key = item.substr(0, eq);
-    if (eq == std::string::npos || (key != "kv_cache" && key != "matmul_input") ||
+    if (eq == std::string::npos || !known_key(key) ||
         !parse_value(key, item.substr(eq + 1), p))
       throw UsageError("precision profile: '" + item + "' is not KEY=VALUE with " + kValues);
     if (comma == std::string::npos) break;
@@ -92,7 +99,7 @@ PrecisionProfile PrecisionProfile::from_manifest(const std::map<std::string, std
   }
   if (!j.is_object()) throw FormatError(file, "", "manifest key 'precision' is not a JSON object");
   for (auto kv = j.begin(); kv != j.end(); ++kv) {
-    if (kv.key() != "kv_cache" && kv.key() != "matmul_input")
+    if (!known_key(kv.key()))
       throw FormatError(file, "", "manifest key 'precision': unknown key " + quoted(kv.key()) + " (known: " +
                                   kValues + ")");
     if (!kv.value().is_string() || !parse_value(kv.key(), kv.value().get<std::string>(), p))

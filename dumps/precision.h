@@ -25,8 +25,15 @@ struct PrecisionProfile {
   // multiplies by the cache in its own type).
   GgmlType matmul_input = GgmlType::F32;
   bool weights = false;
+  // attention=flash: attention as ggml's flash attention computes it with a
+  // 16-bit cache: one pass over the keys with an online softmax, q rounded to
+  // the cache type, and the value sum accumulated in that type (rounded after
+  // every key, rescaled when the running maximum grows).
+  bool flash_attention = false;
 
-  bool empty() const { return kv_cache == GgmlType::F32 && matmul_input == GgmlType::F32 && !weights; }
+  bool empty() const {
+    return kv_cache == GgmlType::F32 && matmul_input == GgmlType::F32 && !weights && !flash_attention;
+  }
   // The rounding applied to the inputs of a matmul with weights of type `w`.
   GgmlType input_rounding(GgmlType w) const;
   // `kv_cache=f16,matmul_input=ggml` (the parse() syntax); "" when empty.

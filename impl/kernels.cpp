@@ -513,8 +513,37 @@ void attention(ThreadPool& pool, std::vector<std::vector<float>>& row_scratch, c
       if (probs) std::memcpy(probs, row.data(), size_t(S) * sizeof(float));
       if (a.product_rounding != GgmlType::F32) round_activations(a.product_rounding, row.data(), row.data(), S);
 
-      // ctx = Σ_s p_s · v_s
       float* ctx = a.ctx + t * ctx_stride + h * Dv;
+      if (a.flash && a.product_rounding != GgmlType::F32) {
+        // ggml's flash attention (ggml_compute_forward_flash_attn_ext_f16):
+        // keys in order, running max M and sum S in float32, the value sum
+        // in the cache type, rounded after each key and rescaled by
+        // exp(M_old - M) when M grows.
+        float M = kNegInf, sum_w = 0.0f;
+        std::fill(ctx, ctx + Dv, 0.0f);
+        for (int64_t s = 0; s < S; ++s) {
+          if (mask[s] == 0.0f) continue;
+          const float sc = dot(q, k + s * k_stride, Dh) * a.scale;
+          float ms = 1.0f, vs = 1.0f;
+          if (sc > M) {
+            const float m_old = M;
+            M = sc;
+            ms = m_old == kNegInf ? 0.0f : std::exp(m_old - M);
+            for (int64_t d = 0; d < Dv; ++d) ctx[d] *= ms;
+            round_activations(a.product_rounding, ctx, ctx, Dv);
+          } else {
+            vs = std::exp(sc - M);
+          }
+          const float* vv = v + s * v_stride;
+          for (int64_t d = 0; d < Dv; ++d) ctx[d] += vv[d] * vs;
+          round_activations(a.product_rounding, ctx, ctx, Dv);
+          sum_w = sum_w * ms + vs;
+        }
+        if (sum_w > 0.0f)
+          for (int64_t d = 0; d < Dv; ++d) ctx[d] /= sum_w;
+        continue;
+      }
+      // ctx = Σ_s p_s · v_s
       std::fill(ctx, ctx + Dv, 0.0f);
       for (int64_t s = 0; s < S; ++s) {
         const float p = row[size_t(s)];

@@ -94,6 +94,9 @@ struct AttentionArgs {
   // type first (F16/BF16: an engine multiplying by a 16-bit cache in the
   // cache's type; F32: not rounded). scores and probs are recorded before.
   GgmlType product_rounding = GgmlType::F32;
+  // With product_rounding 16-bit: ctx as ggml's flash attention computes it
+  // (one pass, online softmax, the value sum kept in that type).
+  bool flash = false;
   float* scores = nullptr;         // optional [Hq, T, S]: every q·k*scale, masked or not
   float* probs = nullptr;          // optional [Hq, T, S]: softmax, masked entries 0
   float* ctx = nullptr;            // [T, Hq*Dv]

@@ -445,7 +445,9 @@ std::vector<float> ImplEngine::forward(const std::vector<int64_t>& tokens, int s
       // softmax(q·kᵀ * scale + mask) · v, per (head, query) in parallel.
       att.Hq = Hq, att.Hkv = Hkv, att.Dh = Dh;
       att.q = q.data(), att.k = cache.k.data(), att.v = cache.v.data(), att.kv_head = kv_head_.data();
-      if (precision_.weights) att.product_rounding = precision_.kv_cache;  // ggml multiplies in the cache's type
+      if (precision_.weights || precision_.flash_attention)
+        att.product_rounding = precision_.kv_cache;  // ggml multiplies in the cache's type
+      att.flash = precision_.flash_attention;
       att.ctx = ctx.data();
       attention(pool_, attn_rows_, att);
     } else {

@@ -23,6 +23,7 @@ struct LlamaCppExport {
   bool prune_output_rows = false;  // last layer's ffn, result_norm/output: last token only
   bool v_cont = false;             // V cache stored untransposed: v_cont-N (and a permuted view of another layout)
   bool flash_attn = false;         // __fattn__-N instead of kq / kq_soft_max; V read untransposed
+  bool early_2025 = false;  // llm_build_kqv's names: k-N, v-N, kq_soft_max_ext-N, kqv_merged_cont-N, kqv_out-N = o_proj
   int64_t pad = 32;                // n_kv = S rounded up to this
 };
 
@@ -90,6 +91,15 @@ inline std::vector<std::string> write_llama_cpp_export(const TensorSource& dump,
       node("Vcur-" + n, get(p + "attn.v"));
       node("Vcur-" + n, get(p + "attn.v"));  // the reshape, renamed by the later cb(Vcur)
       const TensorData kc = pad_axis(get(p + "attn.k_cache"), 1, n_kv, 1e3f);  // [Hkv, n_kv, Dh]
+      if (o.early_2025) {
+        const TensorData vc = pad_axis(get(p + "attn.v_cache"), 1, n_kv, -1e3f);
+        node("k-" + n, qk(kc));
+        node("kq-" + n, pad_axis(import::scale(get(p + "attn.scores"), 1.0 / cfg.attn_scaling()), 2, n_kv, 7.f));
+        node("kq_soft_max_ext-" + n, pad_axis(get(p + "attn.probs"), 2, n_kv, 0.f));
+        node("v-" + n, import::permute(vc, {0, 2, 1}));  // [Hkv, Dh, n_kv]: V stored transposed
+        node("kqv_merged_cont-" + n, get(p + "attn.ctx"));
+        node("kqv_out-" + n, get(p + "attn.out"));
+      } else {
       node("cache_k_l" + n + " (view)", kc);
       node("cache_k_l" + n + " (view)", kc);
       node("cache_k_l" + n + " (view) (permuted)", qk(kc));
@@ -111,6 +121,7 @@ inline std::vector<std::string> write_llama_cpp_export(const TensorSource& dump,
         node("kqv_out-" + n, get(p + "attn.ctx"));
       }
       if (cfg.model_type == "llama") node("attn_out-" + n, get(p + "attn.out"));
+      }
       node("ffn_inp-" + n, rows(get(p + "attn_residual")));
       node("norm-" + n, rows(get(p + "mlp_norm")));
       node("ffn_norm-" + n, rows(get(p + "mlp_norm")));

@@ -326,3 +326,40 @@ TEST(CliGguf, BadModelsAreNamed) {
     EXPECT_NE(r.error.find(path), std::string::npos) << r.error;
   }
 }
+
+// ggml's attention with a float16 cache: q and the probabilities multiplied
+// by the cache in its type, and with flash attention the value sum kept in
+// float16 too. Declared (kv_cache=f16, matmul_input=ggml, attention=flash),
+// the impl's run of it passes; undeclared, bisect says it is precision and
+// which keys to declare (attention=flash when the dump has no attention
+// probabilities, as a fused attention never materialises them).
+TEST(CliGguf, FlashAttentionWithAFloat16CacheIsPrecisionNotABug) {
+  const std::string model = golden_model("llama-gqa");
+  const std::string flash = temp_path("flash16") + ".st";
+  ASSERT_EQ(run_cli({"dump", "--engine", "impl", "--model", model, "--tokens", "1,5,9,200,31,7,300,12", "--decode",
+                     "3", "--precision", "kv_cache=f16,matmul_input=ggml,attention=flash", "--out", flash})
+                .code,
+            0);
+  EXPECT_EQ(DumpFile(flash).manifest().extra.at("precision"),
+            R"({"attention":"flash","kv_cache":"f16","matmul_input":"ggml"})");
+  const auto pass = run_cli({"bisect", "--model", model, flash});
+  EXPECT_EQ(pass.code, 0) << pass.out << pass.error;
+  // Undeclared, without the probabilities and scores a fused attention lacks.
+  const DumpFile d(flash);
+  MemoryDump fused("fused");
+  fused.mutable_manifest() = d.manifest();
+  fused.mutable_manifest().extra.erase("precision");
+  for (const std::string& n : d.names())
+    if (n.find("attn.probs") == std::string::npos && n.find("attn.scores") == std::string::npos &&
+        n.find("attn.ctx") == std::string::npos)
+      fused.put(d.get(n));
+  const std::string undeclared = temp_path("flash16-undeclared") + ".st";
+  fused.save(undeclared);
+  const auto r = run_cli({"bisect", "--model", model, undeclared, "--json"});
+  ASSERT_EQ(r.code, 1) << r.error;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["diagnosis"]["basis"], "precision") << j["diagnosis"].dump(1);
+  const std::string ev = j["diagnosis"]["evidence"];
+  EXPECT_NE(ev.find("\"attention\": \"flash\""), std::string::npos) << ev;
+  EXPECT_NE(ev.find("\"kv_cache\": \"f16\""), std::string::npos) << ev;
+}
