@@ -298,6 +298,56 @@ ModelOracles::ModelOracles(const std::string& model_dir, int threads)
       oracle(model, threads),
       hypotheses(model, threads) {}
 
+namespace {
+
+// Quantised weights make engines like llama.cpp round each matmul's inputs
+// to the weight type's dot-product type (Q8_K for K-quants, ...). When an
+// undeclared candidate's first local failure is such a matmul, the clean impl
+// making ggml's roundings is run up to that site: if the candidate agrees with
+// it far better than with the reference, the divergence is that design, and
+// the diagnosis says which profile to declare instead of naming no bug.
+void explain_by_ggml_rounding(const ModelOracles& m, const TensorSource& cand, compare::BisectResult& r) {
+  if (r.ok() || r.declare_dtype || r.declare_kv_cache || r.diagnosis.bug || r.diagnosis.basis == "kv-ring") return;
+  const std::optional<std::string> focus = r.first_local_failure();
+  if (!focus) return;
+  bool quantised = false;
+  for (const LayerWeights& L : m.model.weights->layers)
+    for (const WeightView* v : L.views()) quantised = quantised || v->quant != GgmlType::F32;
+  if (!quantised) return;
+  PrecisionProfile p = PrecisionProfile::parse("matmul_input=ggml");
+  if (r.local.ran)
+    for (const compare::LocalSite& s : r.local.sites)
+      if (s.stored_as) p.kv_cache = *s.stored_as == ComputeDType::BFloat16 ? GgmlType::BF16 : GgmlType::F16;
+  try {
+    const ImplHypothesisRunner ggml(m.model, m.threads, p);
+    const std::unique_ptr<MemoryDump> rounded = ggml.run(compare::Hypothesis{}, r.scenario, {*focus});
+    const std::unique_ptr<MemoryDump> plain = m.reference.run(r.scenario, ComputeDType::Float32, {*focus});
+    if (!rounded->has(*focus) || !plain->has(*focus)) return;
+    const TensorData c = cand.get(*focus), g = rounded->get(*focus), f = plain->get(*focus);
+    if (c.is_int || c.shape != g.shape || c.shape != f.shape) return;
+    const std::vector<float> cv = c.floats(), gv = g.floats(), fv = f.floats();
+    const double to_ggml = compare::rmse(cv.data(), gv.data(), c.numel());
+    const double to_plain = compare::rmse(cv.data(), fv.data(), c.numel());
+    if (!(to_plain > 0) || to_ggml > 0.2 * to_plain) return;
+    r.declare_precision = p.json();
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "rmse %.3g against the impl with those roundings, %.3g against the reference",
+                  to_ggml, to_plain);
+    r.diagnosis.needed = true;
+    r.diagnosis.focus = *focus;
+    r.diagnosis.basis = "precision";
+    r.diagnosis.evidence = "no bug: the model's weights are quantised and at " + *focus +
+                           " the candidate computes what an engine rounding each matmul's inputs as ggml does "
+                           "(to the dot-product type of each weight type) computes: " + buf +
+                           ". Declare it in the dump's manifest, \"precision\": " + p.json() +
+                           " (import --precision " + p.str() + "), so that the noise floor's second run rounds the "
+                           "same way, and bisect again to judge the rest";
+  } catch (const Error&) {
+  }
+}
+
+}  // namespace
+
 compare::BisectResult bisect_candidate(const ModelOracles& m, const TensorSource& cand,
                                        compare::BisectOptions opt) {
   // Between phases, the heap's free memory goes back to the system: each
@@ -315,6 +365,7 @@ compare::BisectResult bisect_candidate(const ModelOracles& m, const TensorSource
   if (!precision.empty()) with_precision.emplace(m.model, m.threads, precision);
   const ImplHypothesisRunner& hypotheses = with_precision ? *with_precision : m.hypotheses;
   compare::BisectResult r = compare::bisect(cand, m.reference, &m.oracle, &hypotheses, opt);
+  if (precision.empty()) explain_by_ggml_rounding(m, cand, r);
   if (!precision.empty()) r.notes.push_back("precision profile declared by the candidate: " + precision.str() +
                                             " (the clean run makes the same roundings)");
   if (r.model.empty()) r.model = dir_name(m.dir);

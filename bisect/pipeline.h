@@ -15,6 +15,7 @@
 
 #include "bisect/engines.h"
 #include "compare/batch_report.h"
+#include "compare/noise_floor.h"
 #include "compare/diagnose.h"
 #include "compare/quant_error.h"
 #include "dumps/engine.h"

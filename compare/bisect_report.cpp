@@ -158,6 +158,7 @@ json bisect_to_json(const BisectResult& r) {
             {"notes", r.notes},
             {"declare_dtype", r.declare_dtype ? json(compute_dtype_name(*r.declare_dtype)) : json(nullptr)},
             {"declare_kv_cache", r.declare_kv_cache ? json(compute_dtype_name(*r.declare_kv_cache)) : json(nullptr)},
+            {"declare_precision", r.declare_precision ? json::parse(*r.declare_precision) : json(nullptr)},
             {"layout", r.layout ? json{{"kind", finding_kind_name(r.layout->kind)},
                                        {"rope", r.layout->rope},
                                        {"summary", r.layout->summary}}
@@ -275,6 +276,8 @@ std::string render_bisect_table(const BisectResult& r, const BisectTableOptions&
     else if (r.declare_kv_cache)
       o += std::string("precision, not a bug: declare the KV cache as ") + compute_dtype_name(*r.declare_kv_cache) +
            "\n";
+    else if (r.declare_precision)
+      o += "precision, not a bug: declare \"precision\": " + *r.declare_precision + "\n";
     else if (d.basis == "kv-ring")
       o += "a ring KV cache that wrapped, not a bug of the model's ops\n";
     else if (r.layout)
@@ -383,6 +386,8 @@ std::string render_bisect_markdown(const BisectResult& r) {
                                                     code(compute_dtype_name(*r.declare_dtype))
                             : r.declare_kv_cache ? std::string("none: precision, declare the KV cache as ") +
                                                        code(compute_dtype_name(*r.declare_kv_cache))
+                            : r.declare_precision ? std::string("none: precision, declare ") +
+                                                        code("\"precision\": " + *r.declare_precision)
                             : r.layout        ? std::string("none: the engine's own layout (") +
                                                     finding_kind_name(r.layout->kind) +
                                                     (r.layout->rope.empty() ? "" : ", " + r.layout->rope) + ")"

@@ -153,6 +153,9 @@ struct BisectResult {
   // KV cache rounded to a 16-bit type (llama.cpp's default F16 cache)
   // without declaring it: the cache type to declare (manifest `precision`).
   std::optional<ComputeDType> declare_kv_cache;
+  // A precision profile (its manifest JSON) that explains the divergence:
+  // the candidate rounds as ggml does for the model's quantised weights.
+  std::optional<std::string> declare_precision;
   // Set when no bug fits and every diverging name matches the reference
   // after one and the same layout transform (an engine's own layout, e.g.
   // llama.cpp's q/k rows permuted for interleaved RoPE): that transform.

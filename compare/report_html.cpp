@@ -73,6 +73,7 @@ std::string headline(const BisectResult& r) {
   if (r.declare_dtype) return o + ". Precision, not a bug: declare " + compute_dtype_name(*r.declare_dtype);
   if (r.declare_kv_cache)
     return o + ". Precision, not a bug: declare the KV cache as " + compute_dtype_name(*r.declare_kv_cache);
+  if (r.declare_precision) return o + ". Precision, not a bug: declare \"precision\": " + *r.declare_precision;
   if (r.layout) return o + ". The engine's own layout, not a bug (" + finding_kind_name(r.layout->kind) + ")";
   return o + (d.needed && !d.basis.empty() ? ". Diagnosis: " + d.basis : ". No bug of the zoo fits");
 }

@@ -189,6 +189,9 @@ TEST(CliGguf, PrecisionProfileModelsDesignedRounding) {
   const auto fail = run_cli({"bisect", "--model", model, undeclared});
   EXPECT_EQ(fail.code, 1) << fail.error;
   EXPECT_NE(fail.out.find("first local failure   step0.layers.0.attn.q "), std::string::npos) << fail.out;
+  // The clean impl making ggml's roundings reproduces that site: precision, with the profile to declare.
+  const std::string declare = R"(precision, not a bug: declare "precision": {"kv_cache":"f16","matmul_input":"ggml"})";
+  EXPECT_NE(fail.out.find(declare), std::string::npos) << fail.out;
 
   const std::string bug = impl_dump(model, temp_path("q4k-profile-bug") + ".st",
                                     {"--precision", "kv_cache=f16,matmul_input=ggml", "--inject", "rope-interleaved"});
