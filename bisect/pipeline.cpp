@@ -1,4 +1,5 @@
 #include "bisect/pipeline.h"
+#include "bisect/batch_replay.h"
 #include "dumps/consistency.h"
 
 #include <malloc.h>
@@ -387,7 +388,9 @@ compare::BatchBisect bisect_batch(const ModelOracles& m, const TensorSource& can
   }
   if (results.empty())
     throw UsageError(cand.label() + ": no seq{b}. names: a single-sequence dump (bisect it as it is)");
-  return compare::summarise_batch(cand, std::move(results));
+  compare::BatchBisect b = compare::summarise_batch(cand, std::move(results));
+  if (opt.diagnose) explain_batch_by_replay(m, cand, b);
+  return b;
 }
 
 std::unique_ptr<MemoryDump> run_impl_candidate(const ModelOracles& m, const Scenario& sc, const EngineOptions& eo,

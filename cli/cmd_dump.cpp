@@ -1,6 +1,8 @@
 // llmdiff dump --engine ref|impl --model DIR (--tokens 1,2,3 | --replay DUMP)
 //   [--decode N] [--chunks 4,3] [--dtype D] [--threads N] [--inject BUG]... [--mla naive|absorbed]
 //   [--sites GLOB,...] --out FILE
+// llmdiff dump --engine impl --model DIR --batch 'PROMPT[@JOIN][:DECODE];...' [--block-size B]
+//   [--num-blocks N] [--chunk C] [--inject BATCH-BUG]... --out FILE
 // Runs a scenario through one engine and streams every canonical
 // intermediate into an llm-dump/1 file.
 #include <fmt/core.h>
@@ -9,6 +11,7 @@
 #include "cli/common.h"
 #include "dumps/errors.h"
 #include "dumps/bugs.h"
+#include "impl/batch_engine.h"
 
 namespace llmdiff::cli {
 
@@ -19,6 +22,9 @@ struct DumpOptions {
   ScenarioCliOptions scenario;
   EngineOptions engine_opts;
   bool list_bugs = false;
+  // The continuous-batching engine (impl/batch_engine.h).
+  std::string batch;  // requests: "PROMPT[@JOIN][:DECODE];..."
+  int64_t block_size = 16, num_blocks = 0, chunk = 0;
 };
 
 namespace {
@@ -28,11 +34,43 @@ int list_bugs() {
   return 0;
 }
 
+// Several sequences through the continuous-batching engine: each under
+// seq{b}., the engine's iterations and its paged cache's bookkeeping.
+int run_batch_dump(const DumpOptions& o, const Model& model) {
+  if (o.engine != "impl")
+    throw UsageError("--batch runs the impl's continuous-batching engine (--engine impl); the reference runs each "
+                     "sequence alone when bisect judges a batch");
+  if (!o.scenario.tokens.empty() || !o.scenario.replay.empty() || !o.scenario.chunks.empty() || !o.sample.empty())
+    throw UsageError("--batch gives the requests itself: no --tokens, --replay, --chunks or --sample with it");
+  impl::BatchEngineOptions bo;
+  bo.threads = o.engine_opts.threads;
+  bo.block_size = o.block_size;
+  bo.num_blocks = o.num_blocks;
+  bo.chunk = o.chunk;
+  bo.release_weights = true;
+  for (const std::string& b : o.engine_opts.inject) bo.bugs.push_back(zoo::parse_bug(b));
+  const std::vector<impl::BatchRequest> requests = impl::parse_batch_requests(o.batch, o.scenario.decode);
+  impl::BatchEngine engine(model, bo);
+  DumpWriter writer(o.out);
+  if (!o.sites.empty()) writer.set_filter(split_list(o.sites));
+  Scenario sc;
+  sc.name = "batch";
+  const impl::BatchOutcome run = engine.run(requests, writer);
+  writer.mutable_manifest() = make_manifest(engine.producer(), "float32", model, o.model, sc);
+  writer.mutable_manifest().steps = run.iterations;
+  writer.mutable_manifest().extra["kv_cache"] = engine.kv_cache_json(requests);
+  writer.finish();
+  fmt::print("wrote {} (impl continuous batching, {} sequences, {} engine iterations, {} token rows)\n", o.out,
+             requests.size(), run.iterations, run.rows);
+  return 0;
+}
+
 int run_dump(const DumpOptions& o) {
   if (o.list_bugs) return list_bugs();
   if (o.model.empty()) throw UsageError("--model is required");
   if (o.out.empty()) throw UsageError("--out is required");
   Model model = Model::load(o.model);
+  if (!o.batch.empty()) return run_batch_dump(o, model);
   Scenario sc = o.scenario.scenario();
   std::vector<zoo::BugSpec> bugs;
   for (const std::string& b : o.engine_opts.inject) bugs.push_back(zoo::parse_bug(b));
@@ -95,6 +133,18 @@ void setup_dump(CLI::App& app, Action& action) {
                   "draw the tokens with HF's logits processors instead of the argmax, e.g. "
                   "temperature=0.7,top_k=40,top_p=0.9,min_p=0.05,repetition_penalty=1.3,seed=1 (HF generate's "
                   "names and defaults; written to the manifest key sampling, each step's sample.* recorded)");
+  sub->add_option("--batch", o->batch,
+                  "impl: serve several sequences with the continuous-batching engine (packed rows, paged KV cache), "
+                  "requests 'PROMPT[@JOIN][:DECODE];...', e.g. '1,2,3,4@0:3;5,6@2' (JOIN: the engine iteration it "
+                  "arrives at, default 0; DECODE: its decode calls, default --decode); writes seq{b}.*, iter{N}.* "
+                  "and kv.*; --inject takes the batch bugs here");
+  sub->add_option("--block-size", o->block_size, "--batch: positions per KV block (default 16)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--num-blocks", o->num_blocks, "--batch: blocks in the KV pool (default: enough for all at once)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--chunk", o->chunk, "--batch: prompt tokens per sequence per iteration (chunked prefill beside "
+                                       "the decodes; default: the whole prompt)")
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("--sites", o->sites, "record only names matching these globs, comma separated "
                                        "(e.g. 'step*.layers.*.out,step*.logits')");
   sub->add_option("--out", o->out, "output dump file");

@@ -5,6 +5,7 @@
 #include <tuple>
 
 #include "compare/paged_kv.h"
+#include "dumps/bugs.h"
 #include "dumps/names.h"
 #include "dumps/sequences.h"
 
@@ -22,6 +23,27 @@ std::string seq_list(const std::vector<int>& seqs) {
   std::string s;
   for (int b : seqs) s += (s.empty() ? "seq" : ", seq") + std::to_string(b);
   return s;
+}
+
+// A block in the tables of two live sequences at or before the iteration
+// where the first divergent one goes wrong: the fault is the block's reuse
+// (the zoo's fingerprint BlockShared), whatever that sequence's own
+// diagnosis could say from its values alone.
+void name_block_reuse(SequenceBisect& s, const std::vector<PagedKvFinding>& shared) {
+  Diagnosis& d = s.result.diagnosis;
+  if (d.bug || !s.iteration) return;
+  for (const PagedKvFinding& p : shared) {
+    if ((p.seq != s.seq && p.other_seq != s.seq) || p.iteration > *s.iteration) continue;
+    const std::string bug = zoo::bug_with_signature(zoo::Signature::BlockShared).name;
+    d.evidence = p.text + "; seq" + std::to_string(s.seq) + " diverges from step " +
+                 std::to_string(s.step.value_or(0)) + " (engine iteration " + std::to_string(*s.iteration) +
+                 "), where another sequence has written into a block it still reads";
+    d.bug = Hypothesis{bug, std::nullopt};
+    d.description = zoo::find_bug(bug)->description;
+    d.basis = "fingerprint";
+    d.fingerprints.push_back({bug, p.text, true});
+    return;
+  }
 }
 
 }  // namespace
@@ -60,8 +82,9 @@ BatchBisect summarise_batch(const TensorSource& cand, std::vector<SequenceBisect
       b.first = i;
     }
   }
-  for (const PagedKvFinding& p : check_paged_blocks_shared(cand))
-    b.notes.push_back("paged KV cache (" + p.kind + "), " + p.text);
+  const std::vector<PagedKvFinding> shared = check_paged_blocks_shared(cand);
+  for (const PagedKvFinding& p : shared) b.notes.push_back("paged KV cache (" + p.kind + "), " + p.text);
+  if (b.first) name_block_reuse(b.sequences[*b.first], shared);
   const SequenceBisect* f = b.first_divergent();
   if (f && f->iteration) {
     for (const auto& [seq, step] : iteration_members(cand, *f->iteration)) {

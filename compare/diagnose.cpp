@@ -1,4 +1,5 @@
 #include "compare/diagnose.h"
+#include "compare/batch_fingerprints.h"
 #include "compare/paged_kv.h"
 
 #include <algorithm>
@@ -515,6 +516,8 @@ std::vector<Fingerprint> fingerprints(const TensorSource& cand, const TensorSour
                      false});
     break;
   }
+  // Several sequences served together: how the batch was shared.
+  batch_fingerprints(cand, ref, global, past, out);
   return out;
 }
 

@@ -158,7 +158,8 @@ std::vector<PagedKvFinding> check_paged_blocks_shared(const TensorSource& batch)
                              " is in the block tables of seq" + std::to_string(it->second.first) + " (step " +
                              std::to_string(it->second.second) + ") and seq" + std::to_string(seq) + " (step " +
                              std::to_string(step) +
-                             "): a block reused before its sequence finished, or two sequences writing one block"});
+                             "): a block reused before its sequence finished, or two sequences writing one block",
+                         it->second.first, n});
           break;
         }
         owner[blk] = {seq, step};

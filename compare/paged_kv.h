@@ -32,6 +32,8 @@ struct PagedKvFinding {
   int step = 0;
   std::string kind;    // context-length, slot-mapping, block-table, block-shared, block-range
   std::string text;    // with the numbers
+  int other_seq = -1;  // block-shared: the sequence that held the block first
+  int iteration = -1;  // block-shared: the engine iteration both were in
 };
 
 // One sequence's steps (a single-sequence dump or a SequenceView; `seq` only

@@ -289,6 +289,32 @@ const std::vector<BugInfo>& all_bugs() {
             &SamplerFaults::top_p_one_fewer);
     sampler(Bug::SamplerTemperatureTwice, "sampler-temperature-twice",
             "sampling: divides the scores by the temperature twice", &SamplerFaults::temperature_twice);
+    // --- several sequences at once: they act in the continuous-batching
+    // engine (impl/batch_engine.h) and are named by their fingerprints.
+    auto batch = [&](Bug bug, const char* name, const char* description, bool BatchFaults::*flag, Signature sig) {
+      BugInfo& b = add(bug, name, description);
+      b.batch_fault = flag;
+      b.signature = sig;
+    };
+    batch(Bug::BatchPositions, "batch-positions",
+          "position ids counted from the start of the batch's rows (the padded or packed start), not from the "
+          "sequence's own first token", &BatchFaults::positions_from_batch_start, Signature::PositionsShifted);
+    batch(Bug::BatchCrossAttention, "packed-cross-attention",
+          "packed attention that is not block-diagonal: a sequence's queries also attend the keys of the sequences "
+          "before it in the same forward call", &BatchFaults::cross_attention, Signature::AttentionLeak);
+    batch(Bug::SlotMappingOffByOne, "slot-mapping-off-by-one",
+          "writes each new key/value one slot after the one its block table gives (slot mapping off by one)",
+          &BatchFaults::slot_mapping_shift, Signature::SlotMappingOff);
+    batch(Bug::ContextLenPlusOne, "context-len-plus-one",
+          "attention reads one cached position too many (context length S+1: a stale slot)",
+          &BatchFaults::context_one_long, Signature::ContextTooLong);
+    batch(Bug::BlockReuseEarly, "block-reuse-early",
+          "frees a sequence's blocks when its prefill ends, so a sequence admitted later is given them while the "
+          "first still reads them", &BatchFaults::free_after_prefill, Signature::BlockShared);
+    batch(Bug::BlockTableOrder, "block-table-order",
+          "gathers a sequence's cache with the first two blocks of its table swapped once both are full (blocks "
+          "out of order)",
+          &BatchFaults::blocks_swapped, Signature::BlocksOutOfOrder);
     return z;
   }();
   return bugs;
@@ -422,6 +448,28 @@ std::vector<const BugInfo*> sampler_bugs() {
   std::vector<const BugInfo*> out;
   for (const BugInfo& info : all_bugs())
     if (info.is_sampler()) out.push_back(&info);
+  return out;
+}
+
+bool BatchFaults::any() const {
+  for (const BugInfo* info : batch_bugs())
+    if (this->*(info->batch_fault)) return true;
+  return false;
+}
+
+BatchFaults batch_faults(const std::vector<BugSpec>& bugs) {
+  BatchFaults f;
+  for (const BugSpec& b : bugs) {
+    const BugInfo& info = bug_info(b.bug);
+    if (info.batch_fault) f.*(info.batch_fault) = true;
+  }
+  return f;
+}
+
+std::vector<const BugInfo*> batch_bugs() {
+  std::vector<const BugInfo*> out;
+  for (const BugInfo& info : all_bugs())
+    if (info.is_batch()) out.push_back(&info);
   return out;
 }
 

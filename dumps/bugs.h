@@ -10,6 +10,12 @@
 // the op it changes in impl/model.cpp and ref/graph.cpp (two independent
 // engines compute it each their own way).
 //
+// Batch bugs (BatchFaults) act only in the continuous-batching engine
+// (impl/batch_engine.h): how several sequences share one forward call and a
+// paged KV cache. A single-sequence reference cannot run them, so the
+// model-level loops skip them too; the diagnosis names them by their
+// fingerprints (positions, probabilities, the paged cache's bookkeeping).
+//
 // Sampler bugs (sampler-*) change no tensor of the forward pass: they switch
 // a SamplerFaults flag that the sampler (dumps/sampling.h) honours when an
 // engine samples, and that compare/sampling_check tries when a dump's
@@ -37,7 +43,9 @@ enum class Bug {
   MlaRopeLayout, MlaRopeFront, MlaMscaleMissing, MlaValueAsKey,
   // sampler (HF's logits processors)
   SamplerTopPBeforeTemperature, SamplerTopKAfterTopP, SamplerPenaltySign, SamplerSoftmaxUnfiltered,
-  SamplerTopPOffByOne, SamplerTopPOffByOneFewer, SamplerTemperatureTwice
+  SamplerTopPOffByOne, SamplerTopPOffByOneFewer, SamplerTemperatureTwice,
+  // several sequences at once (the continuous-batching engine)
+  BatchPositions, BatchCrossAttention, SlotMappingOffByOne, ContextLenPlusOne, BlockReuseEarly, BlockTableOrder
 };
 
 // How a forward pass runs under the zoo's op-level bugs (all false: no bug).
@@ -75,6 +83,19 @@ struct SamplerFaults {
   bool any() const;
 };
 
+// How an engine that runs several sequences together (impl/batch_engine.h:
+// packed rows, a paged KV cache) departs from running each alone (all false:
+// it does not).
+struct BatchFaults {
+  bool positions_from_batch_start = false;  // batch-positions
+  bool cross_attention = false;             // packed-cross-attention
+  bool slot_mapping_shift = false;          // slot-mapping-off-by-one
+  bool context_one_long = false;            // context-len-plus-one
+  bool free_after_prefill = false;          // block-reuse-early
+  bool blocks_swapped = false;              // block-table-order
+  bool any() const;
+};
+
 // The divergence patterns compare/'s fingerprints test (compare/diagnose.cpp);
 // each bug names the one it leaves.
 enum class Signature {
@@ -91,6 +112,13 @@ enum class Signature {
   InvFreqUnscaled,    // rope.inv_freq without the config's scaling
   InvFreqTheta,       // rope.inv_freq of another theta (fits the value)
   RowConstantOffset,  // the same vector off in every row (a bias)
+  // several sequences (compare/paged_kv.h, compare/batch_report.h)
+  PositionsShifted,   // a call's positions start k > 0 after the cached ones
+  AttentionLeak,      // probabilities over the sequence's own keys sum to < 1
+  SlotMappingOff,     // kv.slot_mapping not where the block table puts the position
+  ContextTooLong,     // kv.context_len above the positions the sequence holds
+  BlockShared,        // a block in the tables of two live sequences
+  BlocksOutOfOrder,   // the gathered cache holds the sequence's blocks in another order
 };
 
 struct BugSpec;
@@ -106,6 +134,7 @@ struct BugInfo {
   void (*change_config)(ModelConfig& cfg, double value) = nullptr;
   bool Faults::*fault = nullptr;
   bool SamplerFaults::*sampler_fault = nullptr;
+  bool BatchFaults::*batch_fault = nullptr;
   // A parameterised bug: the config value it replaces ("rope theta"), the
   // model's own value, the value used when none is given, and the values a
   // diagnosis tries (the config's own is left out).
@@ -120,6 +149,8 @@ struct BugInfo {
   // Faults flag); false for sampler bugs, which only act when sampling.
   bool acts_on_model() const { return change_config != nullptr || fault != nullptr; }
   bool is_sampler() const { return sampler_fault != nullptr; }
+  // Acts only in an engine running several sequences at once.
+  bool is_batch() const { return batch_fault != nullptr; }
 };
 const std::vector<BugInfo>& all_bugs();
 const BugInfo& bug_info(Bug b);
@@ -160,5 +191,10 @@ Faults apply_bugs(const std::vector<BugSpec>& bugs, ModelConfig& cfg);
 SamplerFaults sampler_faults(const std::vector<BugSpec>& bugs);
 // The entries of the sampler bugs, in registry order.
 std::vector<const BugInfo*> sampler_bugs();
+
+// The batch bugs among `bugs`, as the flags the batching engine honours.
+BatchFaults batch_faults(const std::vector<BugSpec>& bugs);
+// The entries of the batch bugs, in registry order.
+std::vector<const BugInfo*> batch_bugs();
 
 }  // namespace llmdiff::zoo

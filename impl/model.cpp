@@ -14,6 +14,7 @@
 
 #include "dumps/errors.h"
 #include "dumps/names.h"
+#include "impl/cache_views.h"
 #include "impl/impl_engine.h"
 #include "impl/kernels.h"
 #include "impl/rope.h"
@@ -61,47 +62,6 @@ class Sites {
   Observer& obs_;
   int step_;
 };
-
-// mask [T, S]: 1 where query t (the (S-T+t)-th key position, `offset` = S-T)
-// may attend key s: s <= offset + t, and closer than the sliding window.
-std::vector<float> causal_mask(int64_t T, int64_t S, int64_t offset, int64_t window) {
-  std::vector<float> mask(size_t(T * S), 0.0f);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t s = 0; s <= std::min(offset + t, S - 1); ++s)
-      if (window <= 0 || offset + t - s < window) mask[size_t(t * S + s)] = 1.0f;
-  return mask;
-}
-
-// The whole KV cache [S, Hkv*Dh] of one layer as [Hkv, S, Dh].
-// A ring of `capacity` slots after S positions were written at p mod
-// capacity: slot j holds the newest position p < S with p mod capacity = j.
-// Rows of `width` floats; the result has min(S, capacity) rows.
-std::vector<float> ring_slots(const std::vector<float>& c, int64_t S, int64_t capacity, int64_t width) {
-  const int64_t n = std::min(S, capacity);
-  std::vector<float> out(size_t(n * width));
-  for (int64_t p = S - n; p < S; ++p)
-    std::copy_n(&c[size_t(p * width)], width, &out[size_t((p % capacity) * width)]);
-  return out;
-}
-
-std::vector<float> head_major_cache(const std::vector<float>& c, int64_t S, int64_t Hkv, int64_t Dh) {
-  std::vector<float> out(size_t(Hkv * S * Dh));
-  for (int64_t h = 0; h < Hkv; ++h)
-    for (int64_t s = 0; s < S; ++s)
-      std::memcpy(&out[size_t((h * S + s) * Dh)], &c[size_t((s * Hkv + h) * Dh)], size_t(Dh) * sizeof(float));
-  return out;
-}
-
-// K or V after repeat_kv: [Hq, S, Dh], query head h reading kv head kv_head[h].
-std::vector<float> repeat_kv(const std::vector<float>& c, int64_t S, int64_t Hq, int64_t Hkv, int64_t Dh,
-                             const std::vector<int>& kv_head) {
-  std::vector<float> out(size_t(Hq * S * Dh));
-  for (int64_t h = 0; h < Hq; ++h)
-    for (int64_t s = 0; s < S; ++s)
-      std::memcpy(&out[size_t((h * S + s) * Dh)], &c[size_t((s * Hkv + kv_head[size_t(h)]) * Dh)],
-                  size_t(Dh) * sizeof(float));
-  return out;
-}
 
 // One layer's KV cache, token-major: row s = [Hkv*Dh] of key/value s
 // (MLA's naive form: [Hq*(Dn+Dr)] and [Hq*Dv]). MLA also keeps row s =
@@ -181,6 +141,9 @@ class ImplEngine final : public Engine {
         absorbed_(model.config.mla.enabled && opt.mla == MlaForm::Absorbed), pool_(opt.threads) {
     if (!weights_) throw UsageError("impl: model '" + model.config.source + "' has no weights loaded");
     zoo::check_bugs(bugs_, cfg_);
+    if (zoo::batch_faults(bugs_).any())
+      throw UsageError("impl: the batch bugs act in the continuous-batching engine (dump --batch), not in a "
+                       "single-sequence run");
     faults_ = zoo::apply_bugs(bugs_, cfg_);
     if (opt.max_seq < 0) throw UsageError("impl: max_seq must be >= 0, got " + std::to_string(opt.max_seq));
     capacity_ = opt.max_seq > 0 ? opt.max_seq : cfg_.max_position_embeddings;

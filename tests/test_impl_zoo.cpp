@@ -111,6 +111,9 @@ TEST(ImplZoo, EachBugFirstChangesTheDumpWhereItIsMade) {
   // The sampler's bugs change no tensor of the forward pass
   // (tests/test_compare_sampling.cpp).
   for (const zoo::BugInfo* info : zoo::sampler_bugs()) covered.insert(info->bug);
+  // The batch bugs act in the continuous-batching engine
+  // (tests/test_cli_batch_engine.cpp, tests/test_impl_batch.cpp).
+  for (const zoo::BugInfo* info : zoo::batch_bugs()) covered.insert(info->bug);
   EXPECT_EQ(covered.size(), zoo::all_bugs().size()) << "a bug of the zoo has no case";
 }
 

@@ -1,0 +1,28 @@
+// The zoo's batch bugs tested by replay: the engine schedule a several-
+// sequence dump records (iter{N}.* and each sequence's step tokens) is run
+// again through the impl's continuous-batching engine, once with each batch
+// bug, and the bug that reproduces the first divergent sequence's diverging
+// names is named. It needs none of the names the fingerprints read
+// (positions, probabilities, kv.*), so it names the bug from a cut-down dump
+// too (layer outputs and logits).
+#pragma once
+#include "bisect/pipeline.h"
+#include "compare/batch_report.h"
+#include "impl/batch_engine.h"
+
+namespace llmdiff::bisect {
+
+// The calls of every engine iteration of `cand` (iter{N}.seqs and
+// seq_steps; without them each sequence's steps one after another, sequence
+// by sequence) and each sequence's prompt length (its positions before the
+// calls that generated seq{b}.generated). Throws FormatError naming a step
+// without tokens.
+impl::BatchSchedule schedule_of(const TensorSource& cand);
+
+// When the first divergent sequence of `b` has no bug named: the replay of
+// every batch bug. One that reproduces all its diverging names (each within
+// twice its noise-floor threshold) becomes its diagnosis (basis "batch
+// replay"); several that do are listed as equally supported.
+void explain_batch_by_replay(const ModelOracles& m, const TensorSource& cand, compare::BatchBisect& b);
+
+}  // namespace llmdiff::bisect

@@ -1,0 +1,101 @@
+// The impl's continuous-batching engine: several sequences served together,
+// as a production inference server runs them. Each engine iteration is one
+// forward call over the packed rows of every live sequence (prompt chunks
+// beside single decode tokens); the weight matmuls run once over all rows,
+// attention runs per sequence over its own keys, read from a paged KV cache
+// (a pool of fixed-size blocks, a block allocator, a block table per
+// sequence, a slot for every new token). Sequences join at the iteration
+// their request names and leave when their generation is done, their blocks
+// going back to the pool.
+//
+// It reports each sequence in single-sequence canonical form under
+// `seq{b}.` (docs/DUMP_FORMAT.md "Several sequences"), the iterations as
+// `iter{N}.*` and the paged bookkeeping as `kv.block_table`,
+// `kv.slot_mapping` and `kv.context_len`, so that each sequence compares
+// with the reference running it alone.
+//
+// Dense GQA models (Llama, Mistral, Qwen2, Qwen3); greedy decoding; float32
+// activations. The zoo's batch bugs (zoo::BatchFaults) switch on how the
+// sequences share the call and the cache.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dumps/bugs.h"
+#include "dumps/observer.h"
+#include "dumps/weights.h"
+
+namespace llmdiff::impl {
+
+// One request: its prompt, the engine iteration it arrives at, and the
+// decode calls after its prompt (it generates decode + 1 tokens, the first
+// from the prompt's last call).
+struct BatchRequest {
+  std::vector<int64_t> prompt;
+  int join = 0;
+  int decode = 0;
+};
+
+// "PROMPT[@JOIN][:DECODE];..." with PROMPT comma-separated token ids, e.g.
+// "1,2,3,4@0:3;5,6@2" (JOIN default 0, DECODE default `decode`). Throws
+// UsageError naming the request.
+std::vector<BatchRequest> parse_batch_requests(const std::string& text, int decode);
+
+// A schedule given instead of made: the calls of every engine iteration
+// (a sequence's tokens in that call), e.g. read back from another engine's
+// dump, so that its run can be repeated with the zoo's batch bugs.
+// prompt_len[b]: sequence b's positions before its first generated token
+// (those calls generate nothing; when absent, every call is prompt).
+struct BatchCall {
+  int seq = 0;
+  std::vector<int64_t> tokens;
+};
+struct BatchSchedule {
+  std::vector<std::vector<BatchCall>> iterations;
+  std::vector<int64_t> prompt_len;
+};
+
+struct BatchEngineOptions {
+  int threads = 0;            // 0: all cores
+  int64_t block_size = 16;    // positions per KV block
+  int64_t num_blocks = 0;     // blocks in the pool; 0: enough for every request at once
+  int64_t chunk = 0;          // prompt tokens of one sequence per iteration (chunked prefill); 0: all
+  std::vector<zoo::BugSpec> bugs;  // batch bugs of the zoo (zoo::BatchFaults)
+  bool release_weights = false;    // hand each layer's mapped pages back after use (ImplOptions)
+};
+
+struct BatchOutcome {
+  std::vector<std::vector<int64_t>> generated;  // per request, in request order
+  int iterations = 0;                           // engine forward calls
+  int64_t rows = 0;                             // token rows run, all calls together
+};
+
+class BatchEngine {
+ public:
+  // Throws UsageError for a model it does not run (MLA, MoE) or a bug that is
+  // not a batch bug.
+  BatchEngine(const Model& model, const BatchEngineOptions& opt);
+  ~BatchEngine();
+  BatchEngine(const BatchEngine&) = delete;
+  BatchEngine& operator=(const BatchEngine&) = delete;
+
+  // Serves the requests from an empty pool: request b is sequence b. Reports
+  // every name through `obs`. Throws UsageError when the pool runs out of
+  // blocks or a token is outside the vocabulary.
+  BatchOutcome run(const std::vector<BatchRequest>& requests, Observer& obs);
+  // Runs exactly the calls of `schedule` (teacher-forced: the tokens given,
+  // not the engine's own); a sequence leaves after its last call.
+  BatchOutcome replay(const BatchSchedule& schedule, Observer& obs);
+
+  std::string producer() const;
+  // {"kind": "paged", "block_size": B, "num_blocks": N}: the manifest's kv_cache.
+  std::string kv_cache_json(const std::vector<BatchRequest>& requests) const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace llmdiff::impl
