@@ -28,6 +28,7 @@
 #include "dumps/bugs.h"
 #include "dumps/threads.h"
 #include "dumps/weights.h"
+#include "impl/batch_engine.h"
 
 namespace llmdiff::cli {
 
@@ -51,6 +52,7 @@ struct BenchCmdOptions {
   std::string e2e_dir;                 // where its dumps go; empty: a temporary directory, removed
   std::string bisect;                  // --bisect BUG: time the bisection of an impl candidate with BUG
   std::string mla = "naive";           // impl's MLA form (deepseek_v3): naive or absorbed
+  int batch = 0;                       // --batch N: the continuous-batching engine with 1 and N sequences
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -169,6 +171,41 @@ std::string bench_engine(const BenchCmdOptions& o, const std::string& engine_nam
               {"generated", generated},
               {"base_rss_bytes", base_rss},
               {"hwm_rss_bytes", proc_status_bytes("VmHWM")}}
+      .dump();
+}
+
+// The impl's continuous-batching engine serving n sequences of o.prompt
+// tokens (each its own prompt) that all arrive at once, then o.decode decode
+// calls each: the first iteration is the packed prefill of all of them, the
+// others decode one token of every sequence. Best of o.repeats.
+std::string bench_batch(const BenchCmdOptions& o, int n) {
+  const Model model = Model::load(o.model);
+  std::vector<impl::BatchRequest> requests(static_cast<size_t>(n));
+  for (int b = 0; b < n; ++b) {
+    requests[size_t(b)].prompt = bench_prompt(model.config.vocab_size, o.prompt, o.seed + uint64_t(b));
+    requests[size_t(b)].decode = o.decode;
+  }
+  impl::BatchEngineOptions bo;
+  bo.threads = o.threads;
+  impl::BatchEngine engine(model, bo);
+  NullObserver nobs;
+  double best_prefill = 0, best_decode = 0, best_iter_ms = 1e300;
+  for (int r = 0; r < o.repeats; ++r) {
+    const impl::BatchOutcome out = engine.run(requests, nobs);
+    best_prefill = std::max(best_prefill, double(out.iteration_rows.front()) / out.iteration_seconds.front());
+    double s = 0;
+    int64_t rows = 0;
+    for (size_t i = 1; i < out.iteration_seconds.size(); ++i) s += out.iteration_seconds[i], rows += out.iteration_rows[i];
+    if (rows > 0) {
+      best_decode = std::max(best_decode, double(rows) / s);
+      best_iter_ms = std::min(best_iter_ms, s * 1e3 / double(out.iteration_seconds.size() - 1));
+    }
+  }
+  return json{{"sequences", n},
+              {"producer", engine.producer()},
+              {"prefill_tok_s", best_prefill},
+              {"decode_tok_s", best_decode},
+              {"decode_ms_per_iteration", o.decode > 0 ? best_iter_ms : 0.0}}
       .dump();
 }
 
@@ -378,6 +415,22 @@ void print_pipeline(const json& r, const std::string& title) {
                                                           : r["diagnosis"].get<std::string>().c_str());
 }
 
+void print_batch(const json& rows, const BenchCmdOptions& o) {
+  std::printf("\nimpl continuous batching: each sequence %d prompt + %d decode tokens, all arriving at once (the "
+              "first iteration prefills them packed, each later one decodes a token of every sequence):\n",
+              o.prompt, o.decode);
+  std::printf("  sequences  prefill tok/s  decode tok/s  decode ms/iteration  peak RSS\n");
+  for (const json& r : rows) {
+    if (r.contains("error")) {
+      std::printf("  %9d  failed: %s\n", r["sequences"].get<int>(), r["error"].get<std::string>().c_str());
+      continue;
+    }
+    std::printf("  %9d  %13.1f  %12.1f  %19.2f  %5.2f GB\n", r["sequences"].get<int>(), r["prefill_tok_s"].get<double>(),
+                r["decode_tok_s"].get<double>(), r["decode_ms_per_iteration"].get<double>(),
+                double(r["peak_rss_bytes"].get<int64_t>()) * 1e-9);
+  }
+}
+
 void print_e2e(const json& e) {
   std::printf("\nend to end (`llmdiff run` equivalent: prompt %d + %d decode steps, every site, both engines):\n",
               e["prompt"].get<int>(), e["decode"].get<int>());
@@ -412,7 +465,7 @@ int run_bench(const BenchCmdOptions& o) {
   if (o.e2e_decode < 0) throw UsageError("bench: --e2e-decode must not be negative");
   std::vector<std::string> engines = split_list(o.engines);
   if (engines == std::vector<std::string>{"none"}) engines.clear();
-  if (engines.empty() && !o.e2e && o.bisect.empty())
+  if (engines.empty() && !o.e2e && o.bisect.empty() && o.batch == 0)
     throw UsageError("bench: --engines lists no engine (use ref, impl or ref,impl)");
   if (!o.bisect.empty()) zoo::parse_bug(o.bisect);  // an unknown bug is a usage error before any work
   for (const auto& e : engines)
@@ -493,6 +546,19 @@ int run_bench(const BenchCmdOptions& o) {
     bis["peak_rss_bytes"] = out.maxrss_bytes;
   }
 
+  json batch = json::array();
+  if (o.batch > 0) {
+    for (const int n : std::vector<int>{1, o.batch}) {
+      if (n == 1 && o.batch == 1 && !batch.empty()) break;
+      if (!o.json_out) std::fprintf(stderr, "bench: continuous batching, %d sequence%s ...\n", n, n == 1 ? "" : "s");
+      const ChildOutcome out = run_in_child([&] { return bench_batch(o, n); });
+      json row = out.ok ? json::parse(out.output) : json{{"sequences", n}, {"error", out.failure}};
+      if (!out.ok) failed = true;
+      row["peak_rss_bytes"] = out.maxrss_bytes;
+      batch.push_back(row);
+    }
+  }
+
   if (!o.json_out) std::fprintf(stderr, "bench: measuring read bandwidth again ...\n");
   const BandwidthResult after = probe_bandwidth(o, 5);
   bw.all_gbs.insert(bw.all_gbs.end(), after.all_gbs.begin(), after.all_gbs.end());
@@ -543,6 +609,7 @@ int run_bench(const BenchCmdOptions& o) {
               {"engines", rows}};
     if (o.e2e) j["e2e"] = e2e;
     if (!o.bisect.empty()) j["bisect"] = bis;
+    if (o.batch > 0) j["batch"] = batch;
     std::printf("%s\n", j.dump(2).c_str());
     return failed ? 2 : 0;
   }
@@ -565,6 +632,7 @@ int run_bench(const BenchCmdOptions& o) {
     print_engine_table(rows);
   }
   if (o.e2e) print_e2e(e2e);
+  if (o.batch > 0) print_batch(batch, o);
   if (!o.bisect.empty())
     print_pipeline(bis, "`llmdiff run --inject " + o.bisect + "` (bisect of a candidate with the bug: noise floor, local "
                         "errors, diagnosis), prompt " + std::to_string(o.prompt) + " + " + std::to_string(o.e2e_decode) +
@@ -600,6 +668,10 @@ void setup_bench(CLI::App& app, Action& action) {
   sub->add_option("--bisect", opt->bisect,
                   "Also time the bisection of an impl candidate with this zoo bug (phases, peak RSS, ratio to the "
                   "plain impl forward; with --engines none, only that)");
+  sub->add_option("--batch", opt->batch,
+                  "Also time the impl's continuous-batching engine serving 1 and N sequences of --prompt + --decode "
+                  "tokens (prefill and decode tokens/s of all sequences together)")
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("--e2e-dir", opt->e2e_dir, "Keep the end-to-end dumps here (default: a temporary directory)");
   sub->callback([opt, &action] { action = [opt] { return run_bench(*opt); }; });
 }

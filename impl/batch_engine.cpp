@@ -3,6 +3,7 @@
 #include "impl/batch_engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -206,6 +207,8 @@ struct BatchEngine::State {
   void iterate(std::vector<Member>& members, int it, Observer& obs,
                const std::function<bool(const Sequence&)>& finished_after);
   BatchOutcome finish(int iterations, int64_t rows, Observer& obs);
+  std::vector<int64_t> iteration_rows;
+  std::vector<double> iteration_seconds;
   // The forward call over the members' packed rows: next-token logits of
   // each member [M, V].
   std::vector<float> forward(std::vector<Member>& members, int iteration, Observer& obs);
@@ -257,6 +260,8 @@ void BatchEngine::State::start(size_t sequences, const std::vector<BatchRequest>
   k_pool.assign(size_t(c.num_hidden_layers), std::vector<float>(size_t(num_blocks * B * k_dim), 0.0f));
   v_pool.assign(size_t(c.num_hidden_layers), std::vector<float>(size_t(num_blocks * B * k_dim), 0.0f));
   seqs.assign(sequences, Sequence{});
+  iteration_rows.clear();
+  iteration_seconds.clear();
   for (size_t b = 0; b < sequences; ++b) seqs[b].id = int(b);
 }
 
@@ -294,7 +299,10 @@ void BatchEngine::State::iterate(std::vector<Member>& members, int it, Observer&
     m.mask = causal_mask(m.T, m.context, m.context - m.T, c.sliding_window);
   }
 
+  const auto t0 = std::chrono::steady_clock::now();
   const std::vector<float> next = forward(members, it, obs);  // [M, V]
+  iteration_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  iteration_rows.push_back(rows);
 
   std::vector<int64_t> seq_ids, seq_steps, num_tokens;
   for (size_t j = 0; j < members.size(); ++j) {
@@ -329,6 +337,8 @@ BatchOutcome BatchEngine::State::finish(int iterations, int64_t rows, Observer& 
   BatchOutcome out;
   out.iterations = iterations;
   out.rows = rows;
+  out.iteration_rows = iteration_rows;
+  out.iteration_seconds = iteration_seconds;
   for (const Sequence& s : seqs) {
     const std::string name = sequence_prefix(s.id) + "generated";
     if (!s.generated.empty() && obs.wants(name)) obs.on_i64(name, {int64_t(s.generated.size())}, s.generated.data());

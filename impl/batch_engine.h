@@ -70,6 +70,8 @@ struct BatchOutcome {
   std::vector<std::vector<int64_t>> generated;  // per request, in request order
   int iterations = 0;                           // engine forward calls
   int64_t rows = 0;                             // token rows run, all calls together
+  std::vector<int64_t> iteration_rows;          // per engine iteration: its token rows
+  std::vector<double> iteration_seconds;        // per engine iteration: its wall time
 };
 
 class BatchEngine {

@@ -192,6 +192,39 @@ inline float gemv_row_bf16(const uint16_t* w, int64_t K, const float* x, const f
   return s;
 }
 
+// The same for NT tokens at once: each 64-byte load of W is widened once and
+// meets every token's x; token t keeps its own two accumulators, so its sum
+// is made exactly as gemv_row_bf16 makes it. xeo + t*xw: token t's xe | xo.
+template <int NT>
+void gemv_rows_bf16_tokens(const uint16_t* w, int64_t K, const float* x, const float* xeo, int64_t xw, int64_t r,
+                           float* y, int64_t ldy) {
+  v16f ae[NT], ao[NT];
+  for (int t = 0; t < NT; ++t) ae[t] = ao[t] = v16f{};
+  int64_t k = 0;
+  for (; k + 2 * kLanes <= K; k += 2 * kLanes) {
+    v16u pairs;
+    std::memcpy(&pairs, w + k, sizeof pairs);
+    const v16f even = (v16f)(pairs << 16), odd = (v16f)(pairs & 0xffff0000u);
+    for (int t = 0; t < NT; ++t) {
+      ae[t] += even * load16(xeo + t * xw + k / 2);
+      ao[t] += odd * load16(xeo + t * xw + K / 2 + k / 2);
+    }
+  }
+  for (int t = 0; t < NT; ++t) {
+    float s = hsum(ae[t] + ao[t]);
+    for (int64_t j = k; j < K; ++j) s += bf16_to_f32(w[j]) * x[t * K + j];
+    y[t * ldy + r] = s;
+  }
+}
+
+// Rows [r0, r1) of y[t] = W · x[t] for NT bfloat16 tokens.
+template <int NT>
+void gemv_rows_bf16_batch(const WMat& m, const float* x, const float* xeo, int64_t xw, int64_t r0, int64_t r1,
+                          float* y) {
+  const auto* w = static_cast<const uint16_t*>(m.data);
+  for (int64_t r = r0; r < r1; ++r) gemv_rows_bf16_tokens<NT>(w + m.src_row(r) * m.cols, m.cols, x, xeo, xw, r, y, m.rows);
+}
+
 // Rows [r0, r1) of y = W · x. xe/xo: x split into even and odd elements
 // (used by bfloat16 weights).
 template <class W>
@@ -212,6 +245,8 @@ void gemv_rows(const WMat& m, const float* x, const float* xe, const float* xo, 
 
 // Rows per chunk of work in a GEMV (64 rows of 2048 bfloat16 weights: 256 KiB).
 constexpr int64_t kGemvChunk = 64;
+// Up to this many tokens a matmul runs as GEMVs (see matmul()).
+constexpr int64_t kGemvTokens = 8;
 
 // ------------------------------------------------------------- GEMM
 // y[T, N] = x[T, K] · W[N, K]ᵀ for T > 1. x is transposed once into xt
@@ -251,6 +286,12 @@ inline void gemm_tokens(const float* panel, int64_t K, const float* xt, int64_t 
   }
 }
 
+// Tokens swept per pass over a worker's tiles: a block of xt (K x 64
+// floats) stays in cache while every tile of the worker reads it, instead of
+// each tile streaming all of xt (a long prompt's xt is megabytes); a tile is
+// converted again for each block, 1/64 of the multiply-adds.
+constexpr int64_t kTokenBlock = 64;
+
 // Tiles [tile0, tile1) of kPanelRows rows of y[T, N] = x · Wᵀ, x given as xt.
 template <class W>
 void gemm_tiles(const WMat& m, const float* xt, int64_t ldt, int64_t T, int64_t tile0, int64_t tile1,
@@ -258,6 +299,7 @@ void gemm_tiles(const WMat& m, const float* xt, int64_t ldt, int64_t T, int64_t 
   const auto* w = static_cast<const typename W::T*>(m.data);
   const int64_t K = m.cols, N = m.rows;
   buf.resize(size_t(kPanelRows * K));
+  for (int64_t tb = 0; tb < ldt; tb += kTokenBlock)
   for (int64_t tile = tile0; tile < tile1; ++tile) {
     const int64_t o0 = tile * kPanelRows;
     const int64_t rows = std::min<int64_t>(kPanelRows, N - o0);
@@ -273,9 +315,10 @@ void gemm_tiles(const WMat& m, const float* xt, int64_t ldt, int64_t T, int64_t 
       std::fill(buf.begin() + rows * K, buf.end(), 0.0f);
       panel = buf.data();
     }
-    int64_t t0 = 0;
-    for (; t0 + 2 * kLanes <= ldt; t0 += 2 * kLanes) gemm_tokens<2>(panel, K, xt, ldt, t0, T, o0, rows, N, y);
-    if (t0 < ldt) gemm_tokens<1>(panel, K, xt, ldt, t0, T, o0, rows, N, y);
+    const int64_t te = std::min(ldt, tb + kTokenBlock);
+    int64_t t0 = tb;
+    for (; t0 + 2 * kLanes <= te; t0 += 2 * kLanes) gemm_tokens<2>(panel, K, xt, ldt, t0, T, o0, rows, N, y);
+    if (t0 < te) gemm_tokens<1>(panel, K, xt, ldt, t0, T, o0, rows, N, y);
   }
 }
 
@@ -338,15 +381,20 @@ void matmul(ThreadPool& pool, MatmulScratch& scratch, const float* x, int64_t T,
   for (const MatmulJob& j : jobs)
     if (j.w.cols != K) throw UsageError("impl matmul: weights of one input must share its width");
   std::vector<int64_t> counts;
-  if (T == 1) {
-    // GEMV: rows of all jobs shared out together; x split into even/odd
-    // elements once for bfloat16 weights.
-    scratch.xt.resize(size_t(K + 2));
-    float* xe = scratch.xt.data();
-    float* xo = xe + K / 2;
-    for (int64_t i = 0; i < K / 2; ++i) {
-      xe[i] = x[2 * i];
-      xo[i] = x[2 * i + 1];
+  if (T <= kGemvTokens) {
+    // GEMV: rows of all jobs shared out together; each token's x split into
+    // even/odd elements once for bfloat16 weights. A few tokens (a batch of
+    // decodes) read each chunk of rows once from memory and then from cache,
+    // token after token: each token's y is bit for bit its T = 1 result.
+    const int64_t xw = K + 2;  // one token's xe | xo
+    scratch.xt.resize(size_t(T * xw));
+    for (int64_t t = 0; t < T; ++t) {
+      float* xe = scratch.xt.data() + t * xw;
+      float* xo = xe + K / 2;
+      for (int64_t i = 0; i < K / 2; ++i) {
+        xe[i] = x[t * K + 2 * i];
+        xo[i] = x[t * K + 2 * i + 1];
+      }
     }
     // The rows go out in chunks that the workers claim in turn: decode is
     // bound by memory bandwidth, and a worker slowed down by whatever else
@@ -362,7 +410,28 @@ void matmul(ThreadPool& pool, MatmulScratch& scratch, const float* x, int64_t T,
         while (c >= first_chunk[j + 1]) ++j;
         const WMat& w = jobs[j].w;
         const int64_t r0 = (c - first_chunk[j]) * kGemvChunk, r1 = std::min(w.rows, r0 + kGemvChunk);
-        with_weight(w, [&](auto tag) { gemv_rows<decltype(tag)>(w, x, xe, xo, r0, r1, jobs[j].y); });
+        with_weight(w, [&](auto tag) {
+          using W = decltype(tag);
+          if constexpr (std::is_same<W, BF16W>::value) {
+            if (T > 1 && w.dtype == DType::BF16) {
+              const float* xeo = scratch.xt.data();
+              float* y = jobs[j].y;
+              switch (T) {
+                case 2: return gemv_rows_bf16_batch<2>(w, x, xeo, xw, r0, r1, y);
+                case 3: return gemv_rows_bf16_batch<3>(w, x, xeo, xw, r0, r1, y);
+                case 4: return gemv_rows_bf16_batch<4>(w, x, xeo, xw, r0, r1, y);
+                case 5: return gemv_rows_bf16_batch<5>(w, x, xeo, xw, r0, r1, y);
+                case 6: return gemv_rows_bf16_batch<6>(w, x, xeo, xw, r0, r1, y);
+                case 7: return gemv_rows_bf16_batch<7>(w, x, xeo, xw, r0, r1, y);
+                default: return gemv_rows_bf16_batch<8>(w, x, xeo, xw, r0, r1, y);
+              }
+            }
+          }
+          for (int64_t t = 0; t < T; ++t) {
+            const float* xe = scratch.xt.data() + t * xw;
+            gemv_rows<W>(w, x + t * K, xe, xe + K / 2, r0, r1, jobs[j].y + t * w.rows);
+          }
+        });
       }
     });
     return;

@@ -44,8 +44,10 @@ class MatmulScratch {
   std::vector<std::vector<float>> panels;  // per worker: a block of W rows as f32
 };
 
-// y[T, W.rows] = x[T, W.cols] · Wᵀ. T = 1 streams W row by row (GEMV at
-// memory bandwidth); T > 1 converts blocks of W rows to f32 once and runs a
+// y[T, W.rows] = x[T, W.cols] · Wᵀ. T <= 8 streams W row by row (GEMV at
+// memory bandwidth; a few tokens, e.g. a batch of decodes, each take every
+// chunk of rows from cache, and each token's result is bit for bit its
+// T = 1 result); larger T converts blocks of W rows to f32 once and runs a
 // register-blocked kernel over all T rows of x.
 void matmul(ThreadPool& pool, MatmulScratch& scratch, const float* x, int64_t T, const WMat& W, float* y);
 

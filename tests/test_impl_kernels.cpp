@@ -124,6 +124,31 @@ TEST(ImplKernels, MatmulIsBitIdenticalForAnyThreadCount) {
   }
 }
 
+TEST(ImplKernels, AFewTokensTogetherEqualEachTokenAloneBitForBit) {
+  // A batch of decodes (T <= 8) gives each token exactly its T = 1 result.
+  ThreadPool pool(2);
+  MatmulScratch scratch;
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    for (int64_t K : {64, 75, 200}) {
+      const int64_t N = 37;
+      const Weights w = random_weights(dt, N, K, uint32_t(K));
+      for (int64_t T = 2; T <= 8; ++T) {
+        std::vector<float> x(size_t(T * K));
+        std::mt19937 gen{uint32_t(T)};
+        std::normal_distribution<float> nd;
+        for (float& v : x) v = nd(gen);
+        std::vector<float> y(size_t(T * N)), one(static_cast<size_t>(N));
+        matmul(pool, scratch, x.data(), T, w.mat, y.data());
+        for (int64_t t = 0; t < T; ++t) {
+          matmul(pool, scratch, x.data() + t * K, 1, w.mat, one.data());
+          EXPECT_EQ(0, std::memcmp(one.data(), y.data() + t * N, size_t(N) * 4))
+              << dtype_name(dt) << " K=" << K << " T=" << T << " t=" << t;
+        }
+      }
+    }
+  }
+}
+
 TEST(ImplKernels, SeveralWeightsOnOneInputEqualSeparateMatmuls) {
   ThreadPool pool(2);
   MatmulScratch scratch;
