@@ -96,6 +96,34 @@ impl::BatchSchedule schedule_of(const TensorSource& cand) {
   return sc;
 }
 
+std::shared_ptr<const TensorSource> clean_batch_replay(const ModelOracles& m, const TensorSource& cand,
+                                                      std::string* why) {
+  const ModelConfig& c = m.model.config;
+  if (c.mla.enabled || c.moe.enabled()) {
+    *why = "the continuous-batching engine runs dense GQA models";
+    return nullptr;
+  }
+  for (const char* key : {"precision", "sampling"})
+    if (cand.manifest().extra.count(key)) {
+      *why = std::string("the candidate declares '") + key + "', which the continuous-batching engine does not make";
+      return nullptr;
+    }
+  const compare::KvCacheLayout layout = compare::manifest_kv_cache(cand.manifest(), cand.label());
+  impl::BatchEngineOptions o;
+  o.threads = m.threads;
+  o.block_size = layout.kind == "paged" && layout.block_size > 0 ? layout.block_size : 16;
+  auto clean = std::make_shared<MemoryDump>("impl continuous batching (clean), the candidate's schedule");
+  clean->spill();
+  clean->set_filter(cand.names());
+  try {
+    impl::BatchEngine(m.model, o).replay(schedule_of(cand), *clean);
+  } catch (const UsageError& e) {
+    *why = e.what();
+    return nullptr;
+  }
+  return clean;
+}
+
 void explain_batch_by_replay(const ModelOracles& m, const TensorSource& cand, compare::BatchBisect& b) {
   if (!b.first) return;
   compare::SequenceBisect& s = b.sequences[*b.first];

@@ -6,6 +6,9 @@
 // (positions, probabilities, kv.*), so it names the bug from a cut-down dump
 // too (layer outputs and logits).
 #pragma once
+#include <memory>
+#include <string>
+
 #include "bisect/pipeline.h"
 #include "compare/batch_report.h"
 #include "impl/batch_engine.h"
@@ -18,6 +21,15 @@ namespace llmdiff::bisect {
 // calls that generated seq{b}.generated). Throws FormatError naming a step
 // without tokens.
 impl::BatchSchedule schedule_of(const TensorSource& cand);
+
+// The noise floor's second honest run for a batch: the candidate's schedule
+// replayed through the clean continuous-batching engine (the same sequences
+// sharing the same calls, so that what batching changes in the arithmetic,
+// e.g. the shapes of the packed matmuls, is in the floor), recording the
+// candidate's names. Null when the engine cannot run it (MLA, MoE, a
+// declared precision profile, a schedule it refuses); `why` then says why.
+std::shared_ptr<const TensorSource> clean_batch_replay(const ModelOracles& m, const TensorSource& cand,
+                                                      std::string* why);
 
 // When the first divergent sequence of `b` has no bug named: the replay of
 // every batch bug. One that reproduces all its diverging names (each within

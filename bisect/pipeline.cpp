@@ -375,15 +375,27 @@ compare::BisectResult bisect_candidate(const ModelOracles& m, const TensorSource
 
 compare::BatchBisect bisect_batch(const ModelOracles& m, const TensorSource& cand, compare::BisectOptions opt) {
   validate_iterations(cand);
+  // The noise floor's second run: the clean engine running the same batch,
+  // else (below) the clean impl running each sequence alone.
+  std::string no_batch_clean;
+  const std::shared_ptr<const TensorSource> clean =
+      opt.noise_floor || opt.diagnose ? clean_batch_replay(m, cand, &no_batch_clean) : nullptr;
+  if (clean && opt.progress) opt.progress("clean replay of the batch");
   std::vector<compare::SequenceBisect> results;
   for (int b : dump_sequences(cand)) {
     const SequenceView view(cand, b);
     compare::BisectOptions o = opt;
     if (opt.progress)
       o.progress = [&opt, b](const std::string& what) { opt.progress("seq" + std::to_string(b) + ": " + what); };
+    if (clean) o.clean = std::shared_ptr<const TensorSource>(new SequenceView(*clean, b), [clean](const TensorSource* v) {
+      delete v;  // the view keeps the clean batch alive through this deleter's copy of it
+    });
     compare::SequenceBisect s;
     s.seq = b;
     s.result = bisect_candidate(m, view, o);
+    if (!clean && !no_batch_clean.empty())
+      s.result.notes.push_back("noise floor's second run: the clean impl running the sequence alone (" +
+                               no_batch_clean + ")");
     results.push_back(std::move(s));
   }
   if (results.empty())

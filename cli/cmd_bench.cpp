@@ -29,6 +29,8 @@
 #include "dumps/threads.h"
 #include "dumps/weights.h"
 #include "impl/batch_engine.h"
+#include "impl/impl_engine.h"
+#include "dumps/names.h"
 
 namespace llmdiff::cli {
 
@@ -201,7 +203,34 @@ std::string bench_batch(const BenchCmdOptions& o, int n) {
       best_iter_ms = std::min(best_iter_ms, s * 1e3 / double(out.iteration_seconds.size() - 1));
     }
   }
+  // Batch invariance: sequence 0 served in this batch against the same
+  // sequence alone (the single-sequence impl), next_logits step by step,
+  // max |difference| over max |logit|.
+  json invariance;
+  if (n > 1) {
+    MemoryDump batch_logits("batch");
+    batch_logits.set_filter({"seq0.step*.next_logits", "seq0.generated"});
+    engine.run(requests, batch_logits);
+    impl::ImplOptions io;
+    io.threads = o.threads;
+    const std::unique_ptr<Engine> alone = impl::make_impl_engine(model, io);
+    const std::vector<int64_t> gen = batch_logits.get("seq0.generated").i;
+    double prefill = 0, decode = 0;
+    for (int step = 0; step <= o.decode; ++step) {
+      const std::vector<float> a =
+          alone->forward(step == 0 ? requests[0].prompt : std::vector<int64_t>{gen[size_t(step - 1)]}, step, nobs);
+      const std::vector<float> b = batch_logits.get(step_name(step, "next_logits").insert(0, "seq0.")).f;
+      double diff = 0, scale = 0;
+      for (size_t i = 0; i < a.size(); ++i) {
+        diff = std::max(diff, std::fabs(double(a[i]) - b[i]));
+        scale = std::max(scale, std::fabs(double(a[i])));
+      }
+      (step == 0 ? prefill : decode) = std::max(step == 0 ? prefill : decode, diff / std::max(scale, 1e-30));
+    }
+    invariance = {{"prefill_max_rel", prefill}, {"decode_max_rel", decode}};
+  }
   return json{{"sequences", n},
+              {"invariance", invariance},
               {"producer", engine.producer()},
               {"prefill_tok_s", best_prefill},
               {"decode_tok_s", best_decode},
@@ -429,6 +458,12 @@ void print_batch(const json& rows, const BenchCmdOptions& o) {
                 r["decode_tok_s"].get<double>(), r["decode_ms_per_iteration"].get<double>(),
                 double(r["peak_rss_bytes"].get<int64_t>()) * 1e-9);
   }
+  for (const json& r : rows)
+    if (r.contains("invariance") && r["invariance"].is_object())
+      std::printf("batch invariance: seq0 served with %d others vs alone, next_logits max |diff| / max |logit|: "
+                  "prefill %.2g, decode steps %.2g\n",
+                  r["sequences"].get<int>() - 1, r["invariance"]["prefill_max_rel"].get<double>(),
+                  r["invariance"]["decode_max_rel"].get<double>());
 }
 
 void print_e2e(const json& e) {

@@ -194,20 +194,21 @@ inline float gemv_row_bf16(const uint16_t* w, int64_t K, const float* x, const f
 
 // The same for NT tokens at once: each 64-byte load of W is widened once and
 // meets every token's x; token t keeps its own two accumulators, so its sum
-// is made exactly as gemv_row_bf16 makes it. xeo + t*xw: token t's xe | xo.
+// is made exactly as gemv_row_bf16 makes it. xi: the tokens' x interleaved
+// per 32 values (interleave_tokens), so that every load is at a fixed offset.
 template <int NT>
-void gemv_rows_bf16_tokens(const uint16_t* w, int64_t K, const float* x, const float* xeo, int64_t xw, int64_t r,
-                           float* y, int64_t ldy) {
+void gemv_row_bf16_tokens(const uint16_t* w, int64_t K, const float* x, const float* xi, int64_t r, float* y,
+                          int64_t ldy) {
   v16f ae[NT], ao[NT];
   for (int t = 0; t < NT; ++t) ae[t] = ao[t] = v16f{};
   int64_t k = 0;
-  for (; k + 2 * kLanes <= K; k += 2 * kLanes) {
+  for (; k + 2 * kLanes <= K; k += 2 * kLanes, xi += NT * 2 * kLanes) {
     v16u pairs;
     std::memcpy(&pairs, w + k, sizeof pairs);
     const v16f even = (v16f)(pairs << 16), odd = (v16f)(pairs & 0xffff0000u);
     for (int t = 0; t < NT; ++t) {
-      ae[t] += even * load16(xeo + t * xw + k / 2);
-      ao[t] += odd * load16(xeo + t * xw + K / 2 + k / 2);
+      ae[t] += even * load16(xi + t * 2 * kLanes);
+      ao[t] += odd * load16(xi + t * 2 * kLanes + kLanes);
     }
   }
   for (int t = 0; t < NT; ++t) {
@@ -217,12 +218,24 @@ void gemv_rows_bf16_tokens(const uint16_t* w, int64_t K, const float* x, const f
   }
 }
 
+// x [T, K] as gemv_row_bf16_tokens reads it: for each 32 values of K, token
+// after token, its 16 even then its 16 odd values.
+void interleave_tokens(const float* x, int64_t T, int64_t K, std::vector<float>& xi) {
+  const int64_t chunks = K / (2 * kLanes);
+  xi.resize(size_t(std::max<int64_t>(chunks, 1) * T * 2 * kLanes));
+  for (int64_t c = 0; c < chunks; ++c)
+    for (int64_t t = 0; t < T; ++t) {
+      float* dst = xi.data() + (c * T + t) * 2 * kLanes;
+      const float* src = x + t * K + c * 2 * kLanes;
+      for (int64_t i = 0; i < kLanes; ++i) dst[i] = src[2 * i], dst[kLanes + i] = src[2 * i + 1];
+    }
+}
+
 // Rows [r0, r1) of y[t] = W · x[t] for NT bfloat16 tokens.
 template <int NT>
-void gemv_rows_bf16_batch(const WMat& m, const float* x, const float* xeo, int64_t xw, int64_t r0, int64_t r1,
-                          float* y) {
+void gemv_rows_bf16_batch(const WMat& m, const float* x, const float* xi, int64_t r0, int64_t r1, float* y) {
   const auto* w = static_cast<const uint16_t*>(m.data);
-  for (int64_t r = r0; r < r1; ++r) gemv_rows_bf16_tokens<NT>(w + m.src_row(r) * m.cols, m.cols, x, xeo, xw, r, y, m.rows);
+  for (int64_t r = r0; r < r1; ++r) gemv_row_bf16_tokens<NT>(w + m.src_row(r) * m.cols, m.cols, x, xi, r, y, m.rows);
 }
 
 // Rows [r0, r1) of y = W · x. xe/xo: x split into even and odd elements
@@ -396,6 +409,7 @@ void matmul(ThreadPool& pool, MatmulScratch& scratch, const float* x, int64_t T,
         xo[i] = x[t * K + 2 * i + 1];
       }
     }
+    if (T > 1) interleave_tokens(x, T, K, scratch.xi);
     // The rows go out in chunks that the workers claim in turn: decode is
     // bound by memory bandwidth, and a worker slowed down by whatever else
     // runs on its core takes fewer chunks instead of holding the others up.
@@ -413,17 +427,17 @@ void matmul(ThreadPool& pool, MatmulScratch& scratch, const float* x, int64_t T,
         with_weight(w, [&](auto tag) {
           using W = decltype(tag);
           if constexpr (std::is_same<W, BF16W>::value) {
-            if (T > 1 && w.dtype == DType::BF16) {
-              const float* xeo = scratch.xt.data();
+            if (T > 1) {
+              const float* xi = scratch.xi.data();
               float* y = jobs[j].y;
               switch (T) {
-                case 2: return gemv_rows_bf16_batch<2>(w, x, xeo, xw, r0, r1, y);
-                case 3: return gemv_rows_bf16_batch<3>(w, x, xeo, xw, r0, r1, y);
-                case 4: return gemv_rows_bf16_batch<4>(w, x, xeo, xw, r0, r1, y);
-                case 5: return gemv_rows_bf16_batch<5>(w, x, xeo, xw, r0, r1, y);
-                case 6: return gemv_rows_bf16_batch<6>(w, x, xeo, xw, r0, r1, y);
-                case 7: return gemv_rows_bf16_batch<7>(w, x, xeo, xw, r0, r1, y);
-                default: return gemv_rows_bf16_batch<8>(w, x, xeo, xw, r0, r1, y);
+                case 2: return gemv_rows_bf16_batch<2>(w, x, xi, r0, r1, y);
+                case 3: return gemv_rows_bf16_batch<3>(w, x, xi, r0, r1, y);
+                case 4: return gemv_rows_bf16_batch<4>(w, x, xi, r0, r1, y);
+                case 5: return gemv_rows_bf16_batch<5>(w, x, xi, r0, r1, y);
+                case 6: return gemv_rows_bf16_batch<6>(w, x, xi, r0, r1, y);
+                case 7: return gemv_rows_bf16_batch<7>(w, x, xi, r0, r1, y);
+                default: return gemv_rows_bf16_batch<8>(w, x, xi, r0, r1, y);
               }
             }
           }

@@ -41,6 +41,7 @@ void load_row(const WMat& m, int64_t row, int64_t c0, int64_t n, float* dst);
 class MatmulScratch {
  public:
   std::vector<float> xt;                   // x transposed [cols, T padded]
+  std::vector<float> xi;                   // a few tokens' x interleaved for bfloat16 GEMVs
   std::vector<std::vector<float>> panels;  // per worker: a block of W rows as f32
 };
 
