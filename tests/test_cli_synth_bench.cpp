@@ -186,3 +186,34 @@ TEST(CliSynthBench, BisectOfAnInjectedBugIsTimedLocalisedAndNamed) {
   EXPECT_EQ(llmdiff::testing::run_cli({"bench", "--model", dir, "--bisect", "no-such-bug"}).code, 2);
 }
 
+
+// bench --batch: the continuous-batching engine serving 1 and N sequences,
+// throughput of all of them together, and its batch invariance (the impl
+// gives a sequence served among others exactly its numbers alone).
+TEST(CliSynthBench, BatchServesOneAndNSequencesAndIsBatchInvariant) {
+  const TinyLlama model("bench_batch_tiny_llama", DType::BF16, 2);
+  const llmdiff::testing::CliRun run =
+      llmdiff::testing::run_cli({"bench", "--model", model.dir, "--prompt", "9", "--decode", "3", "--repeats", "1",
+                                 "--engines", "none", "--bandwidth-mib", "16", "--batch", "4", "--json"});
+  ASSERT_EQ(run.code, 0) << run.out << run.error;
+  const auto j = nlohmann::json::parse(run.out);
+  ASSERT_EQ(j["batch"].size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const auto& r = j["batch"][i];
+    ASSERT_FALSE(r.contains("error")) << r.dump();
+    EXPECT_EQ(r["sequences"], i == 0 ? 1 : 4);
+    EXPECT_GT(r["prefill_tok_s"].get<double>(), 0.0);
+    EXPECT_GT(r["decode_tok_s"].get<double>(), 0.0);
+    EXPECT_GT(r["decode_ms_per_iteration"].get<double>(), 0.0);
+    EXPECT_GT(r["peak_rss_bytes"].get<int64_t>(), 0);
+  }
+  EXPECT_TRUE(j["batch"][0]["invariance"].is_null());
+  EXPECT_EQ(j["batch"][1]["invariance"]["prefill_max_rel"].get<double>(), 0.0);
+  EXPECT_EQ(j["batch"][1]["invariance"]["decode_max_rel"].get<double>(), 0.0);
+  const llmdiff::testing::CliRun text =
+      llmdiff::testing::run_cli({"bench", "--model", model.dir, "--prompt", "9", "--decode", "3", "--repeats", "1",
+                                 "--engines", "none", "--bandwidth-mib", "16", "--batch", "4"});
+  ASSERT_EQ(text.code, 0) << text.error;
+  EXPECT_NE(text.out.find("impl continuous batching"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("batch invariance: seq0 served with 3 others vs alone"), std::string::npos) << text.out;
+}
