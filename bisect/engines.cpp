@@ -2,6 +2,7 @@
 
 #include "dumps/bugs.h"
 #include "dumps/errors.h"
+#include "dumps/padding.h"
 #include "impl/impl_engine.h"
 #include "ref/ref_engine.h"
 
@@ -46,6 +47,7 @@ Manifest make_manifest(const std::string& producer, const std::string& dtype, co
   m.scenario = sc.name;
   m.steps = int(sc.steps.size()) + sc.decode;
   m.dtype = dtype;
+  if (sc.left_pad > 0) set_manifest_padding(m, LeftPadding{sc.left_pad, sc.pad_token});
   return m;
 }
 

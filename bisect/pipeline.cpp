@@ -1,5 +1,6 @@
 #include "bisect/pipeline.h"
 #include "bisect/batch_replay.h"
+#include "dumps/padding.h"
 #include "dumps/consistency.h"
 
 #include <malloc.h>
@@ -136,8 +137,13 @@ std::unique_ptr<MemoryDump> RefRunner::run(const Scenario& sc, ComputeDType dtyp
   ref::LayerByLayerWeights w(*model_.weights, ops::torch_dtype(dtype), weight_budget(*model_.weights, dtype));
   ref::GraphOptions go;
   go.batch_steps = dtype == ComputeDType::Float64;
+  go.left_pad = sc.left_pad;  // a row of a left-padded batch: its pads run in front of step 0
   ref::Graph graph(model_.config, w, go);
-  for (const auto& tokens : sc.steps) graph.add_step(tokens);
+  for (size_t s = 0; s < sc.steps.size(); ++s) {
+    std::vector<int64_t> tokens = sc.steps[s];
+    if (s == 0 && sc.left_pad > 0) tokens.insert(tokens.begin(), size_t(sc.left_pad), sc.pad_token);
+    graph.add_step(tokens);
+  }
   if (sc.emit_generated) graph.set_generated(sc.first_generating_step);
   // The float64 truth judges computed values: not the inputs (tokens) nor
   // the greedy picks (generated), which the candidate's dtype decides.
@@ -149,8 +155,9 @@ std::unique_ptr<MemoryDump> RefRunner::run(const Scenario& sc, ComputeDType dtyp
       continue;
     if (dump->wants(n)) names.push_back(std::move(n));
   }
+  LeftPadStripper stripped(*dump, sc.left_pad);  // reports the sequence's own rows and keys
   try {
-    graph.run(names, *dump);
+    graph.run(names, sc.left_pad > 0 ? static_cast<Observer&>(stripped) : *dump);
   } catch (const c10::Error& e) {
     throw Error(model_.config.source + ": libtorch: " + e.what_without_backtrace());
   }
@@ -183,6 +190,11 @@ std::vector<compare::Hypothesis> ImplHypothesisRunner::hypotheses() const {
   return out;
 }
 
+bool ImplHypothesisRunner::acts_in(const std::string& bug, const Scenario& sc) const {
+  const zoo::BugInfo* info = zoo::find_bug(bug);
+  return !info || !info->needs_padding || sc.left_pad > 0;
+}
+
 std::vector<std::pair<std::string, std::string>> ImplHypothesisRunner::inapplicable() const {
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto& info : zoo::all_bugs()) {
@@ -207,7 +219,7 @@ std::unique_ptr<MemoryDump> ImplHypothesisRunner::run(const compare::Hypothesis&
   // Room for every forward call of the scenario, whatever the config says.
   int64_t total = 0;
   for (const auto& s : sc.steps) total += int64_t(s.size());
-  o.max_seq = std::max<int64_t>(total + sc.decode, model_.config.max_position_embeddings);
+  o.max_seq = std::max<int64_t>(total + sc.left_pad + sc.decode, model_.config.max_position_embeddings);
   auto engine = impl::make_impl_engine(model_, o);
   auto dump = std::make_unique<SelectiveDump>(h.bug.empty() ? "impl" : "impl with " + h.str(), wanted, true);
   dump->spill();  // the clean run and full replays hold every name of the candidate

@@ -65,6 +65,7 @@ class ImplHypothesisRunner : public compare::HypothesisRunner {
   std::optional<double> configured(const std::string& bug) const override;
   std::string parameter(const std::string& bug) const override;
   std::string description(const std::string& bug) const override;
+  bool acts_in(const std::string& bug, const Scenario& sc) const override;
 
  private:
   const Model& model_;

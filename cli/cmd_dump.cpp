@@ -19,6 +19,7 @@ struct DumpOptions {
   std::string engine = "ref";
   std::string model, sites, out;
   std::string sample;  // sampling parameters (SamplingParams::parse)
+  int64_t left_pad = 0, pad_token = 0;  // a row of a left-padded batch (Scenario::left_pad)
   ScenarioCliOptions scenario;
   EngineOptions engine_opts;
   bool list_bugs = false;
@@ -72,6 +73,8 @@ int run_dump(const DumpOptions& o) {
   Model model = Model::load(o.model);
   if (!o.batch.empty()) return run_batch_dump(o, model);
   Scenario sc = o.scenario.scenario();
+  sc.left_pad = o.left_pad;
+  sc.pad_token = o.pad_token;
   std::vector<zoo::BugSpec> bugs;
   for (const std::string& b : o.engine_opts.inject) bugs.push_back(zoo::parse_bug(b));
   sc.sampler_faults = zoo::sampler_faults(bugs);
@@ -144,6 +147,13 @@ void setup_dump(CLI::App& app, Action& action) {
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--chunk", o->chunk, "--batch: prompt tokens per sequence per iteration (chunked prefill beside "
                                        "the decodes; default: the whole prompt)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--left-pad", o->left_pad,
+                  "ref: run the prompt as a row of HF's left-padded batched generate, behind this many pad tokens "
+                  "(masked as keys, at position 1, the prompt from position 0); the dump is the sequence's own, "
+                  "padding stripped")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--pad-token", o->pad_token, "--left-pad: the pad token id (default 0)")
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--sites", o->sites, "record only names matching these globs, comma separated "
                                        "(e.g. 'step*.layers.*.out,step*.logits')");

@@ -768,6 +768,9 @@ Diagnosis diagnose(const DiagnoseInputs& in) {
 
   // The hypotheses: the runner's (grids included) and values fitted by fingerprints.
   std::vector<Hypothesis> hyps = in.runner ? in.runner->hypotheses() : std::vector<Hypothesis>{};
+  hyps.erase(std::remove_if(hyps.begin(), hyps.end(),
+                            [&](const Hypothesis& h) { return !in.runner->acts_in(h.bug, in.scenario); }),
+             hyps.end());
   std::set<std::string> known_bugs;
   for (const auto& h : hyps) known_bugs.insert(h.bug);
   for (const auto& f : d.fingerprints)

@@ -68,6 +68,9 @@ class HypothesisRunner {
   virtual std::string parameter(const std::string& bug) const { return ""; }
   // One line saying what the bug does (empty if unknown).
   virtual std::string description(const std::string& bug) const { return ""; }
+  // Whether the bug can change anything in `sc` (one that acts only on a
+  // left-padded row does nothing without padding: not worth a replay).
+  virtual bool acts_in(const std::string& bug, const Scenario& sc) const { return true; }
 };
 
 // The evidence gathered for one hypothesis.

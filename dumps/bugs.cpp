@@ -263,6 +263,13 @@ const std::vector<BugInfo>& all_bugs() {
       };
       b.fault = &Faults::mla_value_as_key;
     }
+    {
+      BugInfo& b = add(Bug::PadKeysUnmasked, "pad-keys-unmasked",
+                       "a row of a left-padded batch attends its pad tokens: the attention mask leaves the pad keys "
+                       "open (only the causal part is applied)");
+      b.fault = &Faults::pad_keys_unmasked;
+      b.needs_padding = true;
+    }
     // --- sampler: they apply to every model and act only when the run samples
     // (dumps/sampling.h); HF's processor order is penalty, temperature, top-k,
     // top-p, min-p.

@@ -45,7 +45,8 @@ enum class Bug {
   SamplerTopPBeforeTemperature, SamplerTopKAfterTopP, SamplerPenaltySign, SamplerSoftmaxUnfiltered,
   SamplerTopPOffByOne, SamplerTopPOffByOneFewer, SamplerTemperatureTwice,
   // several sequences at once (the continuous-batching engine)
-  BatchPositions, BatchCrossAttention, SlotMappingOffByOne, ContextLenPlusOne, BlockReuseEarly, BlockTableOrder
+  BatchPositions, BatchCrossAttention, SlotMappingOffByOne, ContextLenPlusOne, BlockReuseEarly, BlockTableOrder,
+  PadKeysUnmasked
 };
 
 // How a forward pass runs under the zoo's op-level bugs (all false: no bug).
@@ -68,6 +69,7 @@ struct Faults {
   bool mla_rope_front = false;       // mla-rope-front
   bool mla_no_mscale = false;        // mla-mscale-missing
   bool mla_value_as_key = false;     // mla-value-as-key
+  bool pad_keys_unmasked = false;    // pad-keys-unmasked (acts on a left-padded row only)
 };
 
 // How the sampler (dumps/sampling.h) departs from HF's logits processors
@@ -143,6 +145,9 @@ struct BugInfo {
   double (*default_value)(const ModelConfig& cfg) = nullptr;
   std::vector<double> (*grid)(const ModelConfig& cfg) = nullptr;
   bool positive_only = false;  // the parameter must be > 0 (else >= 0)
+  // Acts only on a row of a left-padded batch (Scenario::left_pad > 0): a
+  // run without padding is the clean model's, so no need to replay it there.
+  bool needs_padding = false;
   Signature signature = Signature::None;
   bool takes_value() const { return parameter != nullptr; }
   // Whether the bug changes the model's forward pass (a config change or a

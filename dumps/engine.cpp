@@ -1,4 +1,5 @@
 #include "dumps/engine.h"
+#include "dumps/padding.h"
 
 #include <algorithm>
 #include <numeric>
@@ -61,6 +62,11 @@ Scenario replay_scenario(const TensorSource& dump) {
   // check (compare/sampling_check.h) judges them.
   const std::optional<SamplingParams> sampling = manifest_sampling(dump.manifest(), dump.label());
   if (sampling && sampling->do_sample) sc.emit_generated = false;
+  // A row of a left-padded batch runs behind its pads again.
+  if (const std::optional<LeftPadding> pad = manifest_padding(dump.manifest(), dump.label())) {
+    sc.left_pad = pad->left;
+    sc.pad_token = pad->pad_token;
+  }
   return sc;
 }
 
@@ -86,6 +92,10 @@ std::vector<int64_t> run_scenario(Engine& engine, const Scenario& sc, Observer& 
                      std::to_string(sc.first_generating_step) + " is not one of its " +
                      std::to_string(sc.steps.size()) + " prompt calls");
   engine.reset();
+  if (sc.left_pad < 0) throw UsageError("scenario '" + sc.name + "': left padding must be >= 0");
+  LeftPadStripper stripped(obs, sc.left_pad);
+  if (sc.left_pad > 0) engine.set_left_padding(sc.left_pad);
+  Observer& out = sc.left_pad > 0 ? static_cast<Observer&>(stripped) : obs;
   std::vector<int64_t> generated;
   std::vector<int64_t> history;  // every token fed so far (generate's input_ids)
   UniformStream draws(sc.sampling && sc.sampling->seed ? *sc.sampling->seed : 0);
@@ -102,14 +112,16 @@ std::vector<int64_t> run_scenario(Engine& engine, const Scenario& sc, Observer& 
     return s.token;
   };
   int step = 0;
-  for (const auto& tokens : sc.steps) {
-    std::vector<float> logits = engine.forward(tokens, step, obs);
+  for (const auto& given : sc.steps) {
+    std::vector<int64_t> tokens = given;
+    if (step == 0 && sc.left_pad > 0) tokens.insert(tokens.begin(), size_t(sc.left_pad), sc.pad_token);
+    std::vector<float> logits = engine.forward(tokens, step, out);
     history.insert(history.end(), tokens.begin(), tokens.end());
     if (step >= sc.first_generating_step) generated.push_back(pick(logits, step));
     ++step;
   }
   for (int d = 0; d < sc.decode; ++d) {
-    std::vector<float> logits = engine.forward({generated.back()}, step, obs);
+    std::vector<float> logits = engine.forward({generated.back()}, step, out);
     history.push_back(generated[generated.size() - 1]);
     generated.push_back(pick(logits, step));
     ++step;
@@ -117,6 +129,10 @@ std::vector<int64_t> run_scenario(Engine& engine, const Scenario& sc, Observer& 
   if (sc.emit_generated && obs.wants("generated"))
     obs.on_i64("generated", {int64_t(generated.size())}, generated.data());
   return generated;
+}
+
+void Engine::set_left_padding(int64_t pad) {
+  if (pad != 0) throw UsageError(producer() + ": runs no left-padded batch rows");
 }
 
 }  // namespace llmdiff

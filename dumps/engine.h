@@ -31,6 +31,10 @@ class Engine {
   // The manifest's `kv_cache` (docs/DUMP_FORMAT.md) when the cache is not
   // contiguous, e.g. {"kind": "ring", "capacity": 6}; empty: contiguous.
   virtual std::string kv_cache_json() const { return ""; }
+  // Runs the next sequence (until reset()) as a row of a left-padded batch:
+  // the first `pad` tokens of its first call are padding (Scenario::left_pad).
+  // Throws UsageError for an engine that does not run padded rows.
+  virtual void set_left_padding(int64_t pad);
 };
 
 struct Scenario {
@@ -50,6 +54,11 @@ struct Scenario {
   // A replay of a sampling run: the token each generating step drew, by
   // step (the processors still run on the engine's own logits).
   std::map<int, int64_t> drawn;
+  // A row of HF's left-padded batched generate: `left_pad` copies of
+  // `pad_token` run in front of step 0's tokens (masked as keys, at position
+  // 1), and every report is stripped of them (dumps/padding.h).
+  int64_t left_pad = 0;
+  int64_t pad_token = 0;
 };
 
 // --tokens 1,2,3 [--chunks 4,3] [--decode N]. Chunk sizes must add up to the

@@ -6,6 +6,7 @@
 
 #include "dumps/errors.h"
 #include "dumps/names.h"
+#include "dumps/padding.h"
 #include "dumps/sampling.h"
 
 namespace llmdiff {
@@ -72,6 +73,11 @@ SequenceView::SequenceView(const TensorSource& source, int b) : src_(source), b_
     it = it->first.compare(0, 9, "sampling.") == 0 ? manifest_.extra.erase(it) : std::next(it);
   manifest_.extra.erase(sampling_manifest_key());
   if (sampling) set_manifest_sampling(manifest_, *sampling);
+  // Likewise its own left padding.
+  const std::optional<LeftPadding> padding = manifest_padding(source.manifest(), source.label(), b);
+  for (auto it = manifest_.extra.begin(); it != manifest_.extra.end();)
+    it = it->first.compare(0, 7, "padding") == 0 ? manifest_.extra.erase(it) : std::next(it);
+  if (padding) set_manifest_padding(manifest_, *padding);
 }
 
 std::string SequenceView::full(const std::string& name) const {

@@ -157,8 +157,18 @@ class ImplEngine final : public Engine {
     cache_.resize(size_t(cfg_.num_hidden_layers));
   }
 
+  // A row of a left-padded batch (Engine::set_left_padding): the first
+  // `pad` tokens of the first call are pads, at position 1 and masked as
+  // keys (HF's generate), until reset().
+  void set_left_padding(int64_t pad) override {
+    if (pad < 0) throw UsageError("impl: left padding must be >= 0");
+    if (cached_ != 0) throw UsageError("impl: left padding is set before a sequence's first call");
+    pad_ = pad;
+  }
+
   void reset() override {
     cached_ = 0;
+    pad_ = 0;
     for (LayerCache& c : cache_) {
       c.k.clear();
       c.v.clear();
@@ -209,6 +219,7 @@ class ImplEngine final : public Engine {
   std::vector<LayerCache> cache_;
   ForwardBuffers buf_;
   int64_t cached_ = 0;  // keys in the cache (P)
+  int64_t pad_ = 0;     // left padding of this sequence (set_left_padding)
 };
 
 // The type a matmul's weights are stored in, as ggml names it.
@@ -290,8 +301,11 @@ std::vector<float> ImplEngine::forward(const std::vector<int64_t>& tokens, int s
   // Positions continue after the cached keys (P .. P+T-1).
   std::vector<int64_t> positions(static_cast<size_t>(T));  // [T]
   for (int64_t t = 0; t < T; ++t) positions[size_t(t)] = (bug.position_reset ? 0 : P) + t;
+  // A left-padded row (generate): attention_mask.cumsum(-1) - 1, pads at 1.
+  if (pad_ > 0)
+    for (int64_t& p : positions) p = p < pad_ ? 1 : p - pad_;
   // RoPE frequencies for this call (dynamic NTK: its largest position).
-  const RopeFrequencies freqs = rope_frequencies(c, positions.back() + 1);
+  const RopeFrequencies freqs = rope_frequencies(c, *std::max_element(positions.begin(), positions.end()) + 1);
   if (step == 0 && obs.wants("rope.inv_freq")) obs.on_f32("rope.inv_freq", {Dh / 2}, freqs.inv_freq.data());
   site.i64("tokens", {T}, tokens.data());
   site.i64("positions", {T}, positions.data());
@@ -307,6 +321,9 @@ std::vector<float> ImplEngine::forward(const std::vector<int64_t>& tokens, int s
   // A ring of ring_ slots holds the last ring_ positions: the older keys were overwritten.
   const int64_t ring_lost = ring_ > 0 && S > ring_ ? S - ring_ : 0;
   for (int64_t t = 0; t < T; ++t) std::fill_n(&mask[size_t(t * S)], ring_lost, 0.0f);
+  // The attention_mask's pads, closed for every query (pad-keys-unmasked: open).
+  if (pad_ > 0 && !bug.pad_keys_unmasked)
+    for (int64_t t = 0; t < T; ++t) std::fill_n(&mask[size_t(t * S)], std::min(pad_, S), 0.0f);
   site.f32("mask", {T, S}, mask.data());  // [T, S]
 
   std::vector<float>& x = zeroed(buf_.x, T * D);                                    // [T, D] residual stream

@@ -187,7 +187,9 @@ void Graph::add_step(const std::vector<int64_t>& tokens) {
   // rotary_emb(hidden_states, position_ids) with dynamic_rope_update:
   // seq_len = max(position_ids) + 1.
   const int64_t start = opt_.faults.position_reset ? 0 : past_.back();
-  step_rope_.push_back(rope_->update(start + int64_t(tokens.size())));
+  int64_t seq_len = start + int64_t(tokens.size());
+  if (opt_.left_pad > 0) seq_len = std::max<int64_t>(seq_len - opt_.left_pad, start < opt_.left_pad ? 2 : 1);
+  step_rope_.push_back(rope_->update(seq_len));
 }
 
 void Graph::set_generated(int first_step) { first_generating_ = first_step; }
@@ -408,7 +410,10 @@ const Graph::Value* Graph::compute(const std::string& name) {
 // cache_position (= position_ids[0]): the positions after what the cache holds.
 torch::Tensor Graph::positions(int s) const {
   const int64_t start = opt_.faults.position_reset ? 0 : P(s);
-  return torch::arange(start, start + T(s), torch::kLong);  // [T]
+  torch::Tensor p = torch::arange(start, start + T(s), torch::kLong);  // [T]
+  if (opt_.left_pad == 0) return p;
+  // generate: attention_mask.cumsum(-1) - 1, the pads' positions set to 1.
+  return torch::where(p < opt_.left_pad, torch::ones_like(p), p - opt_.left_pad);
 }
 
 // LlamaRotaryEmbedding.forward: cos/sin [T, Dh] of the call's positions.
@@ -430,7 +435,11 @@ torch::Tensor Graph::additive_mask(int s) const {
     return torch::where(allowed, torch::zeros({t, S}, torch::dtype(st_)),
                         torch::full({t, S}, finfo_min(st_), torch::dtype(st_)));
   }
-  return ops::causal_mask(cfg_, t, f.kv_overwrite ? 0 : P(s), st_);
+  torch::Tensor mask = ops::causal_mask(cfg_, t, f.kv_overwrite ? 0 : P(s), st_);
+  // The attention_mask's pads: every pad key masked for every query.
+  // (pad-keys-unmasked: only the causal part.)
+  if (opt_.left_pad > 0 && !f.pad_keys_unmasked) mask.narrow(1, 0, std::min(opt_.left_pad, S)).fill_(finfo_min(st_));
+  return mask;
 }
 
 // Whether step s's token is the greedy pick of step s-1, to be checked

@@ -74,6 +74,13 @@ struct GraphOptions {
   Inputs inputs = Inputs::Tokens;
   zoo::Faults faults;        // op substitutions of a bug hypothesis (all false: HF)
   bool batch_steps = false;  // one product per projection over all calls (see the file comment)
+  // A left-padded row of HF's batched generate: the first `left_pad` tokens
+  // of step 0 are padding, masked as keys for every query
+  // (_prepare_4d_causal_attention_mask_with_cache_position with an
+  // attention_mask), at position 1, the real tokens at 0, 1, ...
+  // (attention_mask.cumsum(-1) - 1, pads set to 1). The caller strips the
+  // pad rows and key columns from what it reports (dumps/padding.h).
+  int64_t left_pad = 0;
 };
 
 class Graph {

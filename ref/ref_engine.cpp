@@ -46,6 +46,17 @@ class RefEngine : public Engine {
     graph_ = std::make_unique<Graph>(cfg_, *weights_, GraphOptions{}, nullptr, rope_.get());
   }
 
+  // A row of HF's left-padded batch: the graph masks the pads as keys and
+  // gives them position 1 (GraphOptions::left_pad), until the next reset().
+  void set_left_padding(int64_t pad) override {
+    if (pad < 0) throw UsageError("left padding must be >= 0");
+    if (graph_->steps() != 0) throw UsageError("left padding is set before a sequence's first call");
+    GraphOptions o;
+    o.left_pad = pad;
+    graph_.reset();
+    graph_ = std::make_unique<Graph>(cfg_, *weights_, o, nullptr, rope_.get());
+  }
+
   std::string producer() const override { return ref::producer(dtype_); }
   std::string dtype_name() const override { return compute_dtype_name(dtype_); }
 

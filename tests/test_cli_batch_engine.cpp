@@ -17,6 +17,7 @@
 
 #include "dumps/bugs.h"
 #include "dumps/dump.h"
+#include "dumps/sequences.h"
 #include "tests/cli_runner.h"
 #include "tests/support.h"
 
@@ -160,4 +161,59 @@ TEST(CliBatchEngine, UsageErrors) {
                 .code,
             2);
   EXPECT_FALSE(std::filesystem::exists(out));
+}
+
+TEST(CliBatchEngine, TheRefRunsARowOfALeftPaddedBatch) {
+  // seq1 of HF's llama-gqa batch: 3 prompt tokens behind 4 pads.
+  const std::string model = golden_model("llama-gqa");
+  const DumpFile batch(golden_dump("llama-gqa", "batch"));
+  const SequenceView hf(batch, 1);
+  std::string tokens;
+  for (int64_t t : hf.get("step0.tokens").i) tokens += (tokens.empty() ? "" : ",") + std::to_string(t);
+  const std::string out = temp_path("ref-left-pad.safetensors");
+  const CliRun r = run_cli({"dump", "--engine", "ref", "--model", model, "--tokens", tokens, "--decode", "3",
+                            "--left-pad", "4", "--out", out, "--threads", "1"});
+  ASSERT_EQ(r.code, 0) << r.error;
+  const DumpFile mine(out);
+  EXPECT_EQ(mine.get("generated").i, hf.get("generated").i);
+  for (const std::string& n : hf.names()) {
+    ASSERT_TRUE(mine.has(n)) << n;
+    EXPECT_EQ(mine.shape(n), hf.shape(n)) << n;
+  }
+  EXPECT_EQ(mine.get("step0.positions").i, hf.get("step0.positions").i);
+  int code = -1;
+  const CliRun b = run_cli({"bisect", "--model", model, out, "--threads", "1"});
+  EXPECT_EQ(b.code, 0) << b.out;
+  (void)code;
+  EXPECT_EQ(mine.manifest().extra.at("padding"), "{\"left\":4,\"pad_token\":0}");
+}
+
+TEST(CliBatchEngine, PadKeysLeftOpenInALeftPaddedRowAreLocalisedAndNamed) {
+  // The impl runs the row too; with pad-keys-unmasked its queries attend the
+  // pads. The reference replays the row behind the same pads (manifest
+  // padding), so the clean row passes and the buggy one is named by replay.
+  const std::string model = golden_model("qwen3-qknorm");
+  for (const bool cut : {false, true}) {
+    for (const bool bug : {false, true}) {
+      SCOPED_TRACE(std::string(cut ? "cut down" : "full") + (bug ? ", pad-keys-unmasked" : ", clean"));
+      const std::string out = temp_path(std::string("impl-pad-") + (bug ? "bug" : "clean") + (cut ? "-cut" : "") +
+                                        ".safetensors");
+      std::vector<std::string> args = {"dump",     "--engine", "impl", "--model", model, "--tokens", "5,9,2",
+                                       "--decode", "3",        "--left-pad", "4", "--pad-token", "7", "--out", out};
+      if (bug) args.insert(args.end(), {"--inject", "pad-keys-unmasked"});
+      if (cut) args.insert(args.end(), {"--sites", "step*.tokens,step*.positions,step*.layers.*.out,step*.logits,generated"});
+      ASSERT_EQ(run_cli(args).code, 0);
+      const CliRun r = run_cli({"bisect", "--model", model, out, "--json", "--threads", "1"});
+      const auto j = nlohmann::json::parse(r.out);
+      if (!bug) {
+        EXPECT_EQ(r.code, 0) << j["diagnosis"].dump(1);
+        continue;
+      }
+      EXPECT_EQ(r.code, 1);
+      if (!cut) {
+        EXPECT_EQ(j["localised_at"], "step0.layers.0.attn.probs") << j["diagnosis"].dump(1);
+      }
+      EXPECT_EQ(j["diagnosis"]["bug"], "pad-keys-unmasked") << j["diagnosis"].dump(1);
+    }
+  }
 }

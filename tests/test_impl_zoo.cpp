@@ -93,7 +93,9 @@ const ZooCase kZoo[] = {
 // Bugs no golden model can show, tested on a random checkpoint elsewhere:
 // mla-mscale-missing needs yarn rope scaling with mscale_all_dim
 // (tests/test_impl_moe.cpp, ImplMla.MscaleMissingChangesTheScoresFirst).
-const char* const kTestedElsewhere[] = {"mla-mscale-missing"};
+// pad-keys-unmasked acts on a row of a left-padded batch only
+// (tests/test_cli_batch_engine.cpp, CliBatchEngine.PadKeysLeftOpen...).
+const char* const kTestedElsewhere[] = {"mla-mscale-missing", "pad-keys-unmasked"};
 
 TEST(ImplZoo, EachBugFirstChangesTheDumpWhereItIsMade) {
   std::set<zoo::Bug> covered;
