@@ -103,9 +103,9 @@ std::shared_ptr<const TensorSource> clean_batch_replay(const ModelOracles& m, co
     *why = "the continuous-batching engine runs dense GQA models";
     return nullptr;
   }
-  for (const char* key : {"precision", "sampling"})
-    if (cand.manifest().extra.count(key)) {
-      *why = std::string("the candidate declares '") + key + "', which the continuous-batching engine does not make";
+  for (const auto& [key, value] : cand.manifest().extra)
+    if (key == "precision" || key.rfind("sampling", 0) == 0 || key.rfind("padding", 0) == 0) {
+      *why = "the candidate declares '" + key + "', which the clean continuous-batching replay does not make";
       return nullptr;
     }
   const compare::KvCacheLayout layout = compare::manifest_kv_cache(cand.manifest(), cand.label());

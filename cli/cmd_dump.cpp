@@ -41,8 +41,8 @@ int run_batch_dump(const DumpOptions& o, const Model& model) {
   if (o.engine != "impl")
     throw UsageError("--batch runs the impl's continuous-batching engine (--engine impl); the reference runs each "
                      "sequence alone when bisect judges a batch");
-  if (!o.scenario.tokens.empty() || !o.scenario.replay.empty() || !o.scenario.chunks.empty() || !o.sample.empty())
-    throw UsageError("--batch gives the requests itself: no --tokens, --replay, --chunks or --sample with it");
+  if (!o.scenario.tokens.empty() || !o.scenario.replay.empty() || !o.scenario.chunks.empty() || o.left_pad > 0)
+    throw UsageError("--batch gives the requests itself: no --tokens, --replay, --chunks or --left-pad with it");
   impl::BatchEngineOptions bo;
   bo.threads = o.engine_opts.threads;
   bo.block_size = o.block_size;
@@ -50,6 +50,7 @@ int run_batch_dump(const DumpOptions& o, const Model& model) {
   bo.chunk = o.chunk;
   bo.release_weights = true;
   for (const std::string& b : o.engine_opts.inject) bo.bugs.push_back(zoo::parse_bug(b));
+  if (!o.sample.empty()) bo.sampling = SamplingParams::parse(o.sample);
   const std::vector<impl::BatchRequest> requests = impl::parse_batch_requests(o.batch, o.scenario.decode);
   impl::BatchEngine engine(model, bo);
   DumpWriter writer(o.out);
@@ -60,6 +61,11 @@ int run_batch_dump(const DumpOptions& o, const Model& model) {
   writer.mutable_manifest() = make_manifest(engine.producer(), "float32", model, o.model, sc);
   writer.mutable_manifest().steps = run.iterations;
   writer.mutable_manifest().extra["kv_cache"] = engine.kv_cache_json(requests);
+  if (bo.sampling) {  // each sequence's own parameters (its own seed)
+    writer.mutable_manifest().scenario = "batch-sample";
+    for (size_t b = 0; b < requests.size(); ++b)
+      set_manifest_sampling(writer.mutable_manifest(), impl::sampling_for(bo, int(b)), int(b));
+  }
   writer.finish();
   fmt::print("wrote {} (impl continuous batching, {} sequences, {} engine iterations, {} token rows)\n", o.out,
              requests.size(), run.iterations, run.rows);

@@ -56,6 +56,9 @@ struct Sequence {
   int steps = 0;                    // forward calls that included it so far
   std::vector<int64_t> blocks;      // block table: logical block i -> pool block
   size_t released = 0;              // blocks at the table's front already given back (block-reuse-early)
+  std::vector<int64_t> history;     // every token fed so far (generate's input_ids, for the sampler)
+  std::optional<SamplingParams> sampling;
+  UniformStream draws{0};
   std::vector<int64_t> generated;
   bool finished = false;
 };
@@ -165,11 +168,13 @@ int64_t default_blocks(const std::vector<BatchRequest>& requests, int64_t B) {
 
 struct BatchEngine::State {
   State(const Model& model, const BatchEngineOptions& o)
-      : cfg(model.config), weights(model.weights), opt(o), faults(zoo::batch_faults(o.bugs)), pool(o.threads) {}
+      : cfg(model.config), weights(model.weights), opt(o), faults(zoo::batch_faults(o.bugs)),
+        sampler_faults(zoo::sampler_faults(o.bugs)), pool(o.threads) {}
   ModelConfig cfg;
   std::shared_ptr<ModelWeights> weights;
   BatchEngineOptions opt;
   zoo::BatchFaults faults;
+  zoo::SamplerFaults sampler_faults;
   ThreadPool pool;
   MatmulScratch mm;
   std::vector<std::vector<float>> attn_rows;
@@ -224,15 +229,24 @@ BatchEngine::BatchEngine(const Model& model, const BatchEngineOptions& opt)
   if (opt.block_size <= 0) throw UsageError("batch: block size must be > 0");
   if (opt.num_blocks < 0 || opt.chunk < 0) throw UsageError("batch: blocks and chunk must be >= 0");
   for (const zoo::BugSpec& b : opt.bugs)
-    if (!zoo::bug_info(b.bug).is_batch())
+    if (!zoo::bug_info(b.bug).is_batch() && !zoo::bug_info(b.bug).is_sampler())
       throw UsageError(std::string("batch: '") + zoo::bug_name(b.bug) + "' is not a batch bug (the batched engine "
-                       "takes: " + [] {
+                       "takes the sampler's and: " + [] {
                          std::string l;
                          for (const zoo::BugInfo* i : zoo::batch_bugs()) l += (l.empty() ? "" : ", ") + std::string(i->name);
                          return l;
                        }() + ")");
+  if (zoo::sampler_faults(opt.bugs).any() && !opt.sampling)
+    throw UsageError("batch: the sampler's bugs act only when the run samples: give sampling parameters");
+  if (opt.sampling) opt.sampling->validate();
   const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   for (int64_t h = 0; h < Hq; ++h) s_->kv_head.push_back(int(h / (Hq / Hkv)));
+}
+
+SamplingParams sampling_for(const BatchEngineOptions& o, int b) {
+  SamplingParams p = o.sampling.value_or(SamplingParams{});
+  p.seed = p.seed.value_or(0) + uint64_t(b);
+  return p;
 }
 
 BatchEngine::~BatchEngine() = default;
@@ -260,9 +274,15 @@ void BatchEngine::State::start(size_t sequences, const std::vector<BatchRequest>
   k_pool.assign(size_t(c.num_hidden_layers), std::vector<float>(size_t(num_blocks * B * k_dim), 0.0f));
   v_pool.assign(size_t(c.num_hidden_layers), std::vector<float>(size_t(num_blocks * B * k_dim), 0.0f));
   seqs.assign(sequences, Sequence{});
+  for (size_t b = 0; b < sequences; ++b) {
+    seqs[b].id = int(b);
+    if (opt.sampling) {
+      seqs[b].sampling = sampling_for(opt, int(b));
+      seqs[b].draws = UniformStream(*seqs[b].sampling->seed);
+    }
+  }
   iteration_rows.clear();
   iteration_seconds.clear();
-  for (size_t b = 0; b < sequences; ++b) seqs[b].id = int(b);
 }
 
 void BatchEngine::State::iterate(std::vector<Member>& members, int it, Observer& obs,
@@ -312,9 +332,17 @@ void BatchEngine::State::iterate(std::vector<Member>& members, int it, Observer&
     const bool was_prefill = s.cached < s.prompt_len;
     s.cached += m.T;
     s.steps += 1;
-    if (s.cached >= s.prompt_len)
-      s.generated.push_back(argmax_first(std::vector<float>(next.begin() + int64_t(j) * V,
-                                                            next.begin() + int64_t(j + 1) * V)));
+    s.history.insert(s.history.end(), m.tokens.begin(), m.tokens.end());
+    if (s.cached >= s.prompt_len) {
+      const std::vector<float> logits(next.begin() + int64_t(j) * V, next.begin() + int64_t(j + 1) * V);
+      if (s.sampling) {  // HF's processors on this sequence's logits and history, its own draws
+        const SampledStep drawn = sample_step(*s.sampling, logits, s.history, s.draws, sampler_faults);
+        report_sample(obs, m.step, drawn, sequence_prefix(s.id));
+        s.generated.push_back(drawn.token);
+      } else {
+        s.generated.push_back(argmax_first(logits));
+      }
+    }
     if (was_prefill && s.cached >= s.prompt_len && bug.free_after_prefill) {
       // block-reuse-early: the prompt's full blocks go back to the pool
       // while the sequence still reads them through its table.

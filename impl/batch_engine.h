@@ -14,17 +14,19 @@
 // `kv.slot_mapping` and `kv.context_len`, so that each sequence compares
 // with the reference running it alone.
 //
-// Dense GQA models (Llama, Mistral, Qwen2, Qwen3); greedy decoding; float32
-// activations. The zoo's batch bugs (zoo::BatchFaults) switch on how the
+// Dense GQA models (Llama, Mistral, Qwen2, Qwen3); greedy or sampled
+// decoding; float32 activations. The zoo's batch bugs (zoo::BatchFaults) switch on how the
 // sequences share the call and the cache.
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "dumps/bugs.h"
 #include "dumps/observer.h"
+#include "dumps/sampling.h"
 #include "dumps/weights.h"
 
 namespace llmdiff::impl {
@@ -62,9 +64,17 @@ struct BatchEngineOptions {
   int64_t block_size = 16;    // positions per KV block
   int64_t num_blocks = 0;     // blocks in the pool; 0: enough for every request at once
   int64_t chunk = 0;          // prompt tokens of one sequence per iteration (chunked prefill); 0: all
-  std::vector<zoo::BugSpec> bugs;  // batch bugs of the zoo (zoo::BatchFaults)
+  std::vector<zoo::BugSpec> bugs;  // batch and sampler bugs of the zoo (zoo::BatchFaults, zoo::SamplerFaults)
   bool release_weights = false;    // hand each layer's mapped pages back after use (ImplOptions)
+  // Tokens drawn with HF's logits processors instead of the argmax: sequence
+  // b with these parameters and the seed seed + b (sampling_for), its own
+  // draws and token history, step{N}.sample.* reported under seq{b}.
+  std::optional<SamplingParams> sampling;
 };
+
+// Sequence b's sampling parameters under `o`: o.sampling with seed (0 when
+// unset) + b.
+SamplingParams sampling_for(const BatchEngineOptions& o, int b);
 
 struct BatchOutcome {
   std::vector<std::vector<int64_t>> generated;  // per request, in request order

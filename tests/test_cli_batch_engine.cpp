@@ -217,3 +217,32 @@ TEST(CliBatchEngine, PadKeysLeftOpenInALeftPaddedRowAreLocalisedAndNamed) {
     }
   }
 }
+
+TEST(CliBatchEngine, SequencesOfABatchSampleWithTheirOwnDrawsAndSamplerBugsAreNamed) {
+  // Every sequence draws with HF's processors, its own seed (seed + b) and
+  // token history; bisect checks each on its own logits.
+  const std::string model = golden_model("llama-gqa");
+  const char* requests = "1,5,9,13,17,21,25@0:3;2,6,10@0:4;3,7,11,15@1:2";
+  for (const bool bug : {false, true}) {
+    SCOPED_TRACE(bug ? "sampler-top-p-before-temperature" : "clean");
+    const std::string out = temp_path(std::string("batch-sample-") + (bug ? "bug" : "clean") + ".safetensors");
+    std::vector<std::string> args = {"dump",    "--engine", "impl",        "--model", model,  "--batch", requests,
+                                     "--chunk", "3",        "--block-size", "4",      "--out", out,       "--sample",
+                                     "temperature=0.7,top_k=40,top_p=0.9,seed=1"};
+    if (bug) args.insert(args.end(), {"--inject", "sampler-top-p-before-temperature"});
+    ASSERT_EQ(run_cli(args).code, 0);
+    const DumpFile d(out);
+    EXPECT_NE(d.manifest().extra.at("sampling.seq2").find("\"seed\":3"), std::string::npos);
+    EXPECT_TRUE(d.has("seq1.step0.sample.u"));  // seq1's 3 tokens are one call: it draws at step 0
+    int code = -1;
+    const auto j = bisect_json("llama-gqa", out, &code);
+    EXPECT_TRUE(j["first_divergent_sequence"].is_null());  // the forward passes agree
+    ASSERT_EQ(j["sampling"]["sequences"].size(), 3u);
+    EXPECT_EQ(j["sampling"]["verdict"], bug ? "fail" : "pass") << j["sampling"].dump(1).substr(0, 2000);
+    EXPECT_EQ(code, bug ? 1 : 0);
+    if (bug) {
+      ASSERT_FALSE(j["sampling"]["explained_by"].empty());
+      EXPECT_EQ(j["sampling"]["explained_by"][0]["bug"], "sampler-top-p-before-temperature");
+    }
+  }
+}
