@@ -4,6 +4,7 @@
 
 #include "dumps/errors.h"
 #include "dumps/names.h"
+#include "dumps/sequences.h"
 
 namespace llmdiff {
 
@@ -11,10 +12,8 @@ namespace {
 
 // Length of a "seq{b}." prefix of `name`, 0 when it has none.
 size_t sequence_prefix_length(const std::string& name) {
-  if (name.compare(0, 3, "seq") != 0) return 0;
-  size_t p = 3;
-  while (p < name.size() && std::isdigit(static_cast<unsigned char>(name[p]))) ++p;
-  return p > 3 && p < name.size() && name[p] == '.' ? p + 1 : 0;
+  size_t rest = 0;
+  return sequence_of(name, &rest) >= 0 ? rest : 0;
 }
 
 }  // namespace

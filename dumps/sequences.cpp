@@ -11,10 +11,7 @@
 
 namespace llmdiff {
 
-namespace {
-
-// b when `name` starts with "seq{b}.", else -1.
-int sequence_of(const std::string& name, size_t* rest = nullptr) {
+int sequence_of(const std::string& name, size_t* rest) {
   if (name.compare(0, 3, "seq") != 0) return -1;
   size_t i = 3;
   int b = 0;
@@ -23,6 +20,8 @@ int sequence_of(const std::string& name, size_t* rest = nullptr) {
   if (rest) *rest = i + 1;
   return b;
 }
+
+namespace {
 
 bool is_iteration_name(const std::string& name) { return name.compare(0, 4, "iter") == 0; }
 

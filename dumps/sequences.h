@@ -14,6 +14,9 @@ namespace llmdiff {
 
 // "seq{b}."
 std::string sequence_prefix(int b);
+// b when `name` starts with "seq{b}." (at most 9 digits), else -1; `rest`,
+// when given, is set to where the name after the prefix starts.
+int sequence_of(const std::string& name, size_t* rest = nullptr);
 // The b of every `seq{b}.` prefix in the dump, ascending; empty for a
 // single-sequence dump.
 std::vector<int> dump_sequences(const TensorSource& d);
