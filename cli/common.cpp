@@ -8,7 +8,7 @@
 #include <fmt/core.h>
 
 
-#include "cli/bench_support.h"
+#include "bench/support.h"
 #include "compare/report.h"
 #include "dumps/files.h"
 #include "dumps/errors.h"
@@ -82,7 +82,7 @@ void PhaseLog::operator()(const std::string& what) const {
   getrusage(RUSAGE_SELF, &ru);
   std::fprintf(stderr, "[%7.1f s, peak %5.1f GB, now %5.1f GB anonymous + %5.1f GB mapped files] %s\n",
                now_seconds() - start_, double(ru.ru_maxrss) * 1024.0 / 1e9,
-               double(proc_status_bytes("RssAnon")) / 1e9, double(proc_status_bytes("RssFile")) / 1e9, what.c_str());
+               double(bench::proc_status_bytes("RssAnon")) / 1e9, double(bench::proc_status_bytes("RssFile")) / 1e9, what.c_str());
   std::fflush(stderr);
 }
 

@@ -14,7 +14,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "cli/bench_support.h"
+#include "bench/support.h"
 #include "synth/synth.h"
 #include "dumps/errors.h"
 #include "dumps/weights.h"
@@ -23,6 +23,7 @@
 
 using namespace llmdiff;
 using namespace llmdiff::cli;
+using namespace llmdiff::bench;
 using namespace llmdiff::synth;
 
 TEST(CliSynthBench, ChildReturnsItsOutputAndItsOwnPeakRss) {
@@ -188,8 +189,10 @@ TEST(CliSynthBench, BisectOfAnInjectedBugIsTimedLocalisedAndNamed) {
 
 
 // bench --batch: the continuous-batching engine serving 1 and N sequences,
-// throughput of all of them together, and its batch invariance (the impl
-// gives a sequence served among others exactly its numbers alone).
+// throughput of all of them together, and its batch invariance: with a
+// prompt of more than 8 tokens (the GEMM alone and packed) and 4 decodes per
+// iteration (GEMVs), a sequence served among others gets exactly its numbers
+// alone.
 TEST(CliSynthBench, BatchServesOneAndNSequencesAndIsBatchInvariant) {
   const TinyLlama model("bench_batch_tiny_llama", DType::BF16, 2);
   const llmdiff::testing::CliRun run =

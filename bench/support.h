@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-namespace llmdiff::cli {
+namespace llmdiff::bench {
 
 struct BandwidthResult {
   double best_gbs = 0.0;            // best of the repeats, 1e9 bytes/s
@@ -41,4 +41,4 @@ struct Stat {
 };
 Stat stat_of(std::vector<double> v);  // v must not be empty
 
-}  // namespace llmdiff::cli
+}  // namespace llmdiff::bench

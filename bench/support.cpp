@@ -1,5 +1,5 @@
 // Measurement helpers of `llmdiff bench`.
-#include "cli/bench_support.h"
+#include "bench/support.h"
 #include "dumps/threads.h"
 
 #include <sys/resource.h>
@@ -19,7 +19,7 @@
 
 #include "dumps/errors.h"
 
-namespace llmdiff::cli {
+namespace llmdiff::bench {
 
 namespace {
 
@@ -165,4 +165,4 @@ Stat stat_of(std::vector<double> v) {
   return s;
 }
 
-}  // namespace llmdiff::cli
+}  // namespace llmdiff::bench
