@@ -15,13 +15,6 @@
 
 namespace llmdiff::bisect {
 
-// The calls of every engine iteration of `cand` (iter{N}.seqs and
-// seq_steps; without them each sequence's steps one after another, sequence
-// by sequence) and each sequence's prompt length (its positions before the
-// calls that generated seq{b}.generated). Throws FormatError naming a step
-// without tokens.
-impl::BatchSchedule schedule_of(const TensorSource& cand);
-
 // The noise floor's second honest run for a batch: the candidate's schedule
 // replayed through the clean continuous-batching engine (the same sequences
 // sharing the same calls, so that what batching changes in the arithmetic,

@@ -139,11 +139,7 @@ std::unique_ptr<MemoryDump> RefRunner::run(const Scenario& sc, ComputeDType dtyp
   go.batch_steps = dtype == ComputeDType::Float64;
   go.left_pad = sc.left_pad;  // a row of a left-padded batch: its pads run in front of step 0
   ref::Graph graph(model_.config, w, go);
-  for (size_t s = 0; s < sc.steps.size(); ++s) {
-    std::vector<int64_t> tokens = sc.steps[s];
-    if (s == 0 && sc.left_pad > 0) tokens.insert(tokens.begin(), size_t(sc.left_pad), sc.pad_token);
-    graph.add_step(tokens);
-  }
+  for (int s = 0; s < int(sc.steps.size()); ++s) graph.add_step(fed_tokens(sc, s));
   if (sc.emit_generated) graph.set_generated(sc.first_generating_step);
   // The float64 truth judges computed values: not the inputs (tokens) nor
   // the greedy picks (generated), which the candidate's dtype decides.
@@ -157,7 +153,7 @@ std::unique_ptr<MemoryDump> RefRunner::run(const Scenario& sc, ComputeDType dtyp
   }
   LeftPadStripper stripped(*dump, sc.left_pad);  // reports the sequence's own rows and keys
   try {
-    graph.run(names, sc.left_pad > 0 ? static_cast<Observer&>(stripped) : *dump);
+    graph.run(names, stripped);
   } catch (const c10::Error& e) {
     throw Error(model_.config.source + ": libtorch: " + e.what_without_backtrace());
   }

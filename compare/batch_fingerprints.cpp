@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 
 #include "compare/diagnose.h"
 #include "compare/paged_kv.h"
+#include "compare/signature_finders.h"
 #include "dumps/bugs.h"
 #include "dumps/names.h"
 
@@ -14,12 +14,6 @@ namespace llmdiff::compare {
 namespace {
 
 std::string named(zoo::Signature s) { return zoo::bug_with_signature(s).name; }
-
-std::string num(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.4g", v);
-  return buf;
-}
 
 // Positions of a call that run on in steps of one from k != 0 after the
 // cached ones (not a restart at 0: rope-position-reset's fingerprint).
@@ -70,7 +64,7 @@ void attention_leak(const TensorSource& cand, const DiffResult& global, std::vec
     out.push_back({named(zoo::Signature::AttentionLeak),
                    t.name + ": " + std::to_string(short_rows) + " of " + std::to_string(rows) +
                        " probability rows over the sequence's own " + std::to_string(S) + " keys sum to less than 1 "
-                       "(mean " + num(total / double(rows)) + ", lowest " + num(lowest) +
+                       "(mean " + sig::num(total / double(rows)) + ", lowest " + sig::num(lowest) +
                        "): the softmax also covered keys outside the sequence (another sequence's, in a packed batch)",
                    true});
     return;

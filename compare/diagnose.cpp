@@ -79,10 +79,7 @@ std::optional<double> agree_threshold(const TensorComparison* cmp) {
   return kReplayAgreeFactor * cmp->judgement.threshold;
 }
 
-struct Agreement {
-  bool agree = false;
-  double rmse = kInf, threshold = 0;
-};
+}  // namespace
 
 Agreement agreement(const TensorData& hyp, const TensorData& cand, const TensorComparison* cmp, ComputeDType dtype) {
   Agreement a;
@@ -112,6 +109,8 @@ Agreement agreement(const TensorData& hyp, const TensorData& cand, const TensorC
   a.agree = r.pass();
   return a;
 }
+
+namespace {
 
 // The zoo's name of the bug a fingerprint points at (dumps/bugs.h).
 std::string named(zoo::Signature s) { return zoo::bug_with_signature(s).name; }

@@ -20,6 +20,7 @@
 //    corroboration, or alone when no run reproduces the candidate.
 #pragma once
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -121,6 +122,17 @@ struct Diagnosis {
   // (compare/signatures.h), best first per name.
   std::vector<ErrorSignature> signatures;
 };
+
+// Whether a hypothesis run's tensor `hyp` reproduces the candidate's `cand`:
+// rmse within twice the global noise-floor threshold of the name (`cmp`,
+// the candidate's comparison there; a shape mismatch borrows the floor of
+// the candidate's own scale), else allclose at the dtype's tolerance;
+// integers equal.
+struct Agreement {
+  bool agree = false;
+  double rmse = std::numeric_limits<double>::infinity(), threshold = 0;
+};
+Agreement agreement(const TensorData& hyp, const TensorData& cand, const TensorComparison* cmp, ComputeDType dtype);
 
 struct BisectOptions {
   CompareOptions compare;        // tolerances, --sites; its criterion is set by bisect()

@@ -93,9 +93,8 @@ std::vector<int64_t> run_scenario(Engine& engine, const Scenario& sc, Observer& 
                      std::to_string(sc.steps.size()) + " prompt calls");
   engine.reset();
   if (sc.left_pad < 0) throw UsageError("scenario '" + sc.name + "': left padding must be >= 0");
-  LeftPadStripper stripped(obs, sc.left_pad);
   if (sc.left_pad > 0) engine.set_left_padding(sc.left_pad);
-  Observer& out = sc.left_pad > 0 ? static_cast<Observer&>(stripped) : obs;
+  LeftPadStripper out(obs, sc.left_pad);  // the sequence's own rows and keys
   std::vector<int64_t> generated;
   std::vector<int64_t> history;  // every token fed so far (generate's input_ids)
   UniformStream draws(sc.sampling && sc.sampling->seed ? *sc.sampling->seed : 0);
@@ -112,13 +111,11 @@ std::vector<int64_t> run_scenario(Engine& engine, const Scenario& sc, Observer& 
     return s.token;
   };
   int step = 0;
-  for (const auto& given : sc.steps) {
-    std::vector<int64_t> tokens = given;
-    if (step == 0 && sc.left_pad > 0) tokens.insert(tokens.begin(), size_t(sc.left_pad), sc.pad_token);
+  for (; step < int(sc.steps.size()); ++step) {
+    const std::vector<int64_t> tokens = fed_tokens(sc, step);
     std::vector<float> logits = engine.forward(tokens, step, out);
     history.insert(history.end(), tokens.begin(), tokens.end());
     if (step >= sc.first_generating_step) generated.push_back(pick(logits, step));
-    ++step;
   }
   for (int d = 0; d < sc.decode; ++d) {
     std::vector<float> logits = engine.forward({generated.back()}, step, out);
@@ -129,6 +126,12 @@ std::vector<int64_t> run_scenario(Engine& engine, const Scenario& sc, Observer& 
   if (sc.emit_generated && obs.wants("generated"))
     obs.on_i64("generated", {int64_t(generated.size())}, generated.data());
   return generated;
+}
+
+std::vector<int64_t> fed_tokens(const Scenario& sc, int step) {
+  std::vector<int64_t> tokens = sc.steps[size_t(step)];
+  if (step == 0 && sc.left_pad > 0) tokens.insert(tokens.begin(), size_t(sc.left_pad), sc.pad_token);
+  return tokens;
 }
 
 void Engine::set_left_padding(int64_t pad) {

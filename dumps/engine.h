@@ -72,6 +72,10 @@ Scenario replay_scenario(const TensorSource& dump);
 // token taken from the dump (HF's regression of a sample golden).
 Scenario replay_with_sampling(const TensorSource& dump);
 
+// The tokens step `step` of `sc` feeds an engine: step 0 behind its left
+// padding (Scenario::left_pad copies of pad_token), the others as given.
+std::vector<int64_t> fed_tokens(const Scenario& sc, int step);
+
 // Runs the scenario from an empty cache: every forward call reports step k's
 // sites, then `generated` (argmax of each step's next_logits, first index on
 // ties) when the scenario asks for it. Returns generated.

@@ -21,7 +21,8 @@ std::optional<LeftPadding> manifest_padding(const Manifest& m, const std::string
   if (it == m.extra.end()) return std::nullopt;
   const nlohmann::json j = nlohmann::json::parse(it->second, nullptr, false);
   auto bad = [&](const std::string& why) {
-    return FormatError(where, "", "manifest '" + it->first + "': " + why + " (expected {\"left\": N, \"pad_token\": ID})");
+    return FormatError(where, "",
+                       "manifest '" + it->first + "': " + why + " (expected {\"left\": N, \"pad_token\": ID})");
   };
   if (!j.is_object()) throw bad("not a JSON object");
   LeftPadding p;
@@ -94,12 +95,14 @@ std::vector<int64_t> LeftPadStripper::drops(const std::string& name, const Shape
 }
 
 void LeftPadStripper::on_f32(const std::string& name, const Shape& shape, const float* data) {
+  if (pad_ == 0) return inner_.on_f32(name, shape, data);
   Shape out;
   const std::vector<float> v = strip(data, shape, drops(name, shape), out);
   inner_.on_f32(name, out, v.data());
 }
 
 void LeftPadStripper::on_i64(const std::string& name, const Shape& shape, const int64_t* data) {
+  if (pad_ == 0) return inner_.on_i64(name, shape, data);
   Shape out;
   const std::vector<int64_t> v = strip(data, shape, drops(name, shape), out);
   inner_.on_i64(name, out, v.data());

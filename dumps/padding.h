@@ -5,6 +5,7 @@
 // LeftPadStripper is the observer in between: at step 0 it drops the first
 // `pad` rows of every per-token site, at every step the first `pad` entries
 // of every key axis (mask, scores, probs, the caches and their repeat_kv).
+// With no padding it passes every report through as it is.
 #pragma once
 #include <cstdint>
 #include <optional>

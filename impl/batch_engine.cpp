@@ -7,6 +7,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <map>
 #include <sstream>
 
 #include "dumps/engine.h"
@@ -154,14 +155,52 @@ std::vector<BatchRequest> parse_batch_requests(const std::string& text, int deco
   return out;
 }
 
+BatchSchedule schedule_of(const TensorSource& dump) {
+  BatchSchedule sc;
+  std::map<int, Scenario> seqs;  // each sequence's own calls, read once
+  for (int b : dump_sequences(dump)) {
+    seqs[b] = replay_scenario(SequenceView(dump, b));
+    if (size_t(b) >= sc.prompt_len.size()) sc.prompt_len.resize(size_t(b) + 1, 0);
+    // Prompt: every call up to the one that generated the first token.
+    for (int k = 0; k <= seqs[b].first_generating_step; ++k)
+      sc.prompt_len[size_t(b)] += int64_t(seqs[b].steps[size_t(k)].size());
+  }
+  auto call = [&](int b, int step) {
+    auto it = seqs.find(b);
+    if (it == seqs.end() || step < 0 || step >= int(it->second.steps.size()))
+      throw FormatError(dump.label(), sequence_prefix(b) + step_name(step, "tokens"),
+                        "a step of the batch without its tokens");
+    return BatchCall{b, it->second.steps[size_t(step)]};
+  };
+  if (dump.has("iter0.seqs")) {
+    for (int n = 0; dump.has("iter" + std::to_string(n) + ".seqs"); ++n) {
+      std::vector<BatchCall> calls;
+      for (const auto& [b, step] : iteration_members(dump, n)) calls.push_back(call(b, step));
+      sc.iterations.push_back(std::move(calls));
+    }
+  } else {
+    for (const auto& [b, scenario] : seqs)
+      for (int step = 0; step < int(scenario.steps.size()); ++step) sc.iterations.push_back({call(b, step)});
+  }
+  return sc;
+}
+
 namespace {
 
-// Blocks for every request at once, its whole generation (+1 position for
-// a context one too long) and one spare.
-int64_t default_blocks(const std::vector<BatchRequest>& requests, int64_t B) {
+// Blocks for every sequence at once, each reaching `positions` (+1 for a
+// context one too long), and one spare.
+int64_t default_blocks(const std::vector<int64_t>& positions, int64_t B) {
   int64_t n = 1;
-  for (const BatchRequest& r : requests) n += ceil_div(int64_t(r.prompt.size()) + r.decode + 2, B);
+  for (int64_t p : positions) n += ceil_div(p + 1, B);
   return n;
+}
+
+// The positions each request reaches: every token fed (its prompt and a
+// token per decode call), and the one generated last.
+std::vector<int64_t> reached(const std::vector<BatchRequest>& requests) {
+  std::vector<int64_t> out;
+  for (const BatchRequest& r : requests) out.push_back(int64_t(r.prompt.size()) + r.decode + 1);
+  return out;
 }
 
 }  // namespace
@@ -203,15 +242,16 @@ struct BatchEngine::State {
   }
   std::vector<Sequence> seqs;
 
-  // An empty pool and `sequences` new sequences (the pool sized for the
-  // requests when the options give no size).
-  void start(size_t sequences, const std::vector<BatchRequest>* requests);
+  // An empty pool and one new sequence per entry of `positions`, the
+  // positions each reaches (the pool sized for them when the options give
+  // no size).
+  void start(const std::vector<int64_t>& positions);
   // One engine iteration over the members (their tokens set): cache
   // bookkeeping, the forward call, each member's new token, the sequences
   // that are done giving their blocks back, the iter{N}.* names.
   void iterate(std::vector<Member>& members, int it, Observer& obs,
                const std::function<bool(const Sequence&)>& finished_after);
-  BatchOutcome finish(int iterations, int64_t rows, Observer& obs);
+  BatchOutcome finish(Observer& obs);
   std::vector<int64_t> iteration_rows;
   std::vector<double> iteration_seconds;
   // The forward call over the members' packed rows: next-token logits of
@@ -233,7 +273,8 @@ BatchEngine::BatchEngine(const Model& model, const BatchEngineOptions& opt)
       throw UsageError(std::string("batch: '") + zoo::bug_name(b.bug) + "' is not a batch bug (the batched engine "
                        "takes the sampler's and: " + [] {
                          std::string l;
-                         for (const zoo::BugInfo* i : zoo::batch_bugs()) l += (l.empty() ? "" : ", ") + std::string(i->name);
+                         for (const zoo::BugInfo* i : zoo::batch_bugs())
+                           l += (l.empty() ? "" : ", ") + std::string(i->name);
                          return l;
                        }() + ")");
   if (zoo::sampler_faults(opt.bugs).any() && !opt.sampling)
@@ -258,17 +299,18 @@ std::string BatchEngine::producer() const {
   return p;
 }
 
-
 std::string BatchEngine::kv_cache_json(const std::vector<BatchRequest>& requests) const {
-  const int64_t n = s_->opt.num_blocks > 0 ? s_->opt.num_blocks : default_blocks(requests, s_->opt.block_size);
+  const int64_t B = s_->opt.block_size;
+  const int64_t n = s_->opt.num_blocks > 0 ? s_->opt.num_blocks : default_blocks(reached(requests), B);
   return "{\"kind\": \"paged\", \"block_size\": " + std::to_string(s_->opt.block_size) +
          ", \"num_blocks\": " + std::to_string(n) + "}";
 }
 
-void BatchEngine::State::start(size_t sequences, const std::vector<BatchRequest>* requests) {
+void BatchEngine::State::start(const std::vector<int64_t>& positions) {
   const ModelConfig& c = cfg;
   const int64_t B = opt.block_size, k_dim = c.num_key_value_heads * c.head_dim;
-  num_blocks = opt.num_blocks > 0 ? opt.num_blocks : requests ? default_blocks(*requests, B) : 0;
+  const size_t sequences = positions.size();
+  num_blocks = opt.num_blocks > 0 ? opt.num_blocks : default_blocks(positions, B);
   free_blocks.clear();
   for (int64_t i = 0; i < num_blocks; ++i) free_blocks.push_back(i);
   k_pool.assign(size_t(c.num_hidden_layers), std::vector<float>(size_t(num_blocks * B * k_dim), 0.0f));
@@ -361,10 +403,10 @@ void BatchEngine::State::iterate(std::vector<Member>& members, int it, Observer&
   if (obs.wants(iter + "num_tokens")) obs.on_i64(iter + "num_tokens", n, num_tokens.data());
 }
 
-BatchOutcome BatchEngine::State::finish(int iterations, int64_t rows, Observer& obs) {
+BatchOutcome BatchEngine::State::finish(Observer& obs) {
   BatchOutcome out;
-  out.iterations = iterations;
-  out.rows = rows;
+  out.iterations = int(iteration_rows.size());
+  for (int64_t r : iteration_rows) out.rows += r;
   out.iteration_rows = iteration_rows;
   out.iteration_seconds = iteration_seconds;
   for (const Sequence& s : seqs) {
@@ -380,11 +422,9 @@ BatchOutcome BatchEngine::run(const std::vector<BatchRequest>& requests, Observe
   if (requests.empty()) throw UsageError("batch: no requests given");
   for (size_t b = 0; b < requests.size(); ++b)
     if (requests[b].prompt.empty()) throw UsageError("batch: request " + std::to_string(b) + " has no prompt");
-  st.start(requests.size(), &requests);
+  st.start(reached(requests));
   for (size_t b = 0; b < requests.size(); ++b) st.seqs[b].prompt_len = int64_t(requests[b].prompt.size());
   auto done = [&](const Sequence& s) { return int(s.generated.size()) == requests[size_t(s.id)].decode + 1; };
-  int iterations = 0;
-  int64_t rows = 0;
   for (int tick = 0;; ++tick) {
     // Admit every unfinished sequence whose request has arrived, in request
     // order: the rest of its prompt (a chunk of it), or its last token.
@@ -406,16 +446,15 @@ BatchOutcome BatchEngine::run(const std::vector<BatchRequest>& requests, Observe
       } else {
         m.tokens = {s.generated.back()};
       }
-      rows += int64_t(m.tokens.size());
       members.push_back(std::move(m));
     }
     if (members.empty()) {
       if (!waiting) break;
       continue;
     }
-    st.iterate(members, iterations++, obs, done);
+    st.iterate(members, int(st.iteration_rows.size()), obs, done);
   }
-  return st.finish(iterations, rows, obs);
+  return st.finish(obs);
 }
 
 BatchOutcome BatchEngine::replay(const BatchSchedule& schedule, Observer& obs) {
@@ -434,31 +473,27 @@ BatchOutcome BatchEngine::replay(const BatchSchedule& schedule, Observer& obs) {
       total[size_t(call.seq)] += int64_t(call.tokens.size());
     }
   if (sequences == 0) throw UsageError("batch replay: an empty schedule");
-  if (st.opt.num_blocks <= 0) {
-    std::vector<BatchRequest> sizes(sequences);
-    for (size_t b = 0; b < sequences; ++b) sizes[b].prompt.assign(size_t(std::max<int64_t>(total[b], 1)), 0);
-    st.num_blocks = default_blocks(sizes, st.opt.block_size);
-    st.start(sequences, &sizes);
-  } else {
-    st.start(sequences, nullptr);
-  }
+  std::vector<int64_t> reach = total;  // every token fed, and the one generated last
+  for (int64_t& p : reach) p += 1;
+  st.start(reach);
   for (size_t b = 0; b < sequences; ++b)
     st.seqs[b].prompt_len = b < schedule.prompt_len.size() ? schedule.prompt_len[b] : total[b];
-  int64_t rows = 0;
   for (size_t it = 0; it < schedule.iterations.size(); ++it) {
     std::vector<Member> members;
     for (const BatchCall& call : schedule.iterations[it]) {
       Member m;
       m.seq = &st.seqs[size_t(call.seq)];
-      if (m.seq->finished) throw UsageError("batch replay: seq" + std::to_string(call.seq) + " called twice");
+      for (const Member& other : members)
+        if (other.seq == m.seq)
+          throw UsageError("batch replay: seq" + std::to_string(call.seq) + " twice in iteration " +
+                           std::to_string(it));
       m.tokens = call.tokens;
-      rows += int64_t(m.tokens.size());
       members.push_back(std::move(m));
     }
     const int iteration = int(it);
     st.iterate(members, iteration, obs, [&](const Sequence& s) { return last_call[size_t(s.id)] == iteration; });
   }
-  return st.finish(int(schedule.iterations.size()), rows, obs);
+  return st.finish(obs);
 }
 
 std::vector<float> BatchEngine::State::forward(std::vector<Member>& members, int iteration, Observer& obs) {

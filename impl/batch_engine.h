@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "dumps/bugs.h"
+#include "dumps/dump.h"
 #include "dumps/observer.h"
 #include "dumps/sampling.h"
 #include "dumps/weights.h"
@@ -58,6 +59,14 @@ struct BatchSchedule {
   std::vector<std::vector<BatchCall>> iterations;
   std::vector<int64_t> prompt_len;
 };
+
+// The schedule a several-sequence dump records: each engine iteration's
+// calls (iter{N}.seqs and seq_steps; without them each sequence's steps one
+// after another, sequence by sequence), each sequence's step tokens and its
+// prompt length (the calls before the ones that fed its generated tokens,
+// as replay_scenario reads them). Throws FormatError naming a step an
+// iteration lists that the sequence lacks.
+BatchSchedule schedule_of(const TensorSource& dump);
 
 struct BatchEngineOptions {
   int threads = 0;            // 0: all cores

@@ -7,11 +7,13 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "cli/commands.h"
 #include "dumps/errors.h"
+#include "tests/support.h"
 
 namespace llmdiff::testing {
 
@@ -65,6 +67,15 @@ inline CliRun run_cli(const std::vector<std::string>& args) {
   std::fflush(stdout);
   r.out = ::testing::internal::GetCapturedStdout();
   return r;
+}
+
+// `llmdiff bisect --json` of `dump` against the golden model `model` (one
+// thread): the parsed JSON, the exit code in `code` (expected 0 or 1).
+inline nlohmann::json bisect_json(const std::string& model, const std::string& dump, int* code) {
+  const CliRun r = run_cli({"bisect", "--model", golden_model(model), dump, "--json", "--threads", "1"});
+  *code = r.code;
+  EXPECT_TRUE(r.code == 0 || r.code == 1) << r.error << r.out;
+  return nlohmann::json::parse(r.out);
 }
 
 }  // namespace llmdiff::testing

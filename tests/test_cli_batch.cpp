@@ -38,13 +38,6 @@ void scale(MemoryDump& d, const std::string& name, float by) {
   d.put(t);
 }
 
-nlohmann::json bisect_json(const std::string& model, const std::string& dump, int* code) {
-  const CliRun r = run_cli({"bisect", "--model", golden_model(model), dump, "--json", "--threads", "1"});
-  *code = r.code;
-  EXPECT_TRUE(r.code == 0 || r.code == 1) << r.error << r.out;
-  return nlohmann::json::parse(r.out);
-}
-
 }  // namespace
 
 TEST(SequenceView, ReadsOneSequenceOfHfsBatchAsASingleSequenceDump) {

@@ -45,13 +45,6 @@ std::string batch_dump(const std::string& model, const std::string& bug, bool cu
   return out;
 }
 
-nlohmann::json bisect_json(const std::string& model, const std::string& dump, int* code) {
-  const CliRun r = run_cli({"bisect", "--model", golden_model(model), dump, "--json", "--threads", "1"});
-  *code = r.code;
-  EXPECT_TRUE(r.code == 0 || r.code == 1) << r.error << r.out;
-  return nlohmann::json::parse(r.out);
-}
-
 }  // namespace
 
 TEST(CliBatchEngine, EightSequencesJoiningAtDifferentIterationsMatchTheReferenceAlone) {
@@ -245,4 +238,22 @@ TEST(CliBatchEngine, SequencesOfABatchSampleWithTheirOwnDrawsAndSamplerBugsAreNa
       EXPECT_EQ(j["sampling"]["explained_by"][0]["bug"], "sampler-top-p-before-temperature");
     }
   }
+}
+
+TEST(CliBatchEngine, AMalformedPaddingKeyIsAnInputErrorNamingIt) {
+  // A sequence of HF's decode golden declared as a padded row, the value garbled.
+  for (const char* value : {"{\"left\": -1}", "{\"left\": 2, \"side\": 1}", "[2]", "not json"}) {
+    SCOPED_TRACE(value);
+    const std::string path = changed_golden("llama-gqa", "decode", "bad-padding", [&](MemoryDump& d) {
+      d.mutable_manifest().extra["padding"] = value;
+    });
+    const CliRun r = run_cli({"bisect", "--model", golden_model("llama-gqa"), path, "--threads", "1"});
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.error.find("manifest 'padding'"), std::string::npos) << r.error;
+  }
+  // --batch gives its requests itself.
+  EXPECT_EQ(run_cli({"dump", "--engine", "impl", "--model", golden_model("llama-gqa"), "--batch", "1,2", "--tokens",
+                     "3,4", "--out", temp_path("batch-tokens.safetensors")})
+                .code,
+            2);
 }

@@ -100,14 +100,11 @@ TEST(ImplBatch, ReplayingItsOwnScheduleReproducesTheRunBitForBit) {
   o.chunk = 3;
   o.block_size = 4;
   const MemoryDump run = serve(model, impl::parse_batch_requests(kRequests, 0), o);
-  impl::BatchSchedule schedule;
-  for (int n = 0; run.has("iter" + std::to_string(n) + ".seqs"); ++n) {
-    std::vector<impl::BatchCall> calls;
-    for (const auto& [seq, step] : iteration_members(run, n))
-      calls.push_back({seq, run.get(sequence_prefix(seq) + step_name(step, "tokens")).i});
-    schedule.iterations.push_back(calls);
-  }
-  for (const int64_t len : {7, 3, 9, 2, 5}) schedule.prompt_len.push_back(len);
+  // The schedule as the dump records it: the iterations' calls, each prompt's length.
+  const impl::BatchSchedule schedule = impl::schedule_of(run);
+  EXPECT_EQ(schedule.prompt_len, (std::vector<int64_t>{7, 3, 9, 2, 5}));
+  ASSERT_TRUE(run.has("iter" + std::to_string(schedule.iterations.size() - 1) + ".seqs"));
+  EXPECT_FALSE(run.has("iter" + std::to_string(schedule.iterations.size()) + ".seqs"));
   impl::BatchEngine engine(model, [&] {
     impl::BatchEngineOptions r = o;
     r.threads = 1;
@@ -158,6 +155,11 @@ TEST(ImplBatch, Errors) {
   model_bug.bugs = {zoo::parse_bug("rope-interleaved")};
   EXPECT_THROW(impl::BatchEngine(model, model_bug), UsageError);
   EXPECT_THROW(impl::BatchEngine(Model::load(golden_model("deepseek-v3-mla")), impl::BatchEngineOptions{}),
+               UsageError);
+  // A replayed iteration that calls one sequence twice.
+  impl::BatchSchedule twice;
+  twice.iterations = {{{0, {1, 2}}, {0, {3}}}};
+  EXPECT_THROW(impl::BatchEngine(model, impl::BatchEngineOptions{}).replay(twice, *std::make_unique<MemoryDump>()),
                UsageError);
   impl::ImplOptions single;
   single.bugs = {zoo::parse_bug("packed-cross-attention")};
