@@ -119,6 +119,7 @@ std::unique_ptr<MemoryDump> RefRunner::run(const Scenario& sc, ComputeDType dtyp
   dump->mutable_manifest() = make_manifest(ref::producer(dtype), compute_dtype_name(dtype), model_, dir_, sc);
   ref::use_threads(threads_, dtype);
   if (sc.decode > 0) {
+    if (!sc.layers.whole()) throw UsageError("ref: a shard of the layers replays a dump's calls, it does not decode");
     // Greedy decoding needs each call's logits before the next call: the
     // engine, call by call.
     ref::RefOptions o;
@@ -138,6 +139,8 @@ std::unique_ptr<MemoryDump> RefRunner::run(const Scenario& sc, ComputeDType dtyp
   ref::GraphOptions go;
   go.batch_steps = dtype == ComputeDType::Float64;
   go.left_pad = sc.left_pad;  // a row of a left-padded batch: its pads run in front of step 0
+  go.window = sc.layers;      // a shard: its layers only, from the boundary's residual stream
+  if (!sc.layers.whole() && sc.left_pad > 0) throw UsageError("ref: a shard of the layers of a left-padded row");
   ref::Graph graph(model_.config, w, go);
   for (int s = 0; s < int(sc.steps.size()); ++s) graph.add_step(fed_tokens(sc, s));
   if (sc.emit_generated) graph.set_generated(sc.first_generating_step);

@@ -1,6 +1,6 @@
 // llmdiff bisect --model DIR CANDIDATE [--no-noise-floor] [--no-local]
 //   [--no-diagnose] [--json] [--all] [--report FILE.md] [--html FILE.html] [--sites GLOB,...]
-//   [--tol GLOB=SPEC]... [--rtol X] [--atol X] [--threads N]
+//   [--tol GLOB=SPEC]... [--rtol X] [--atol X] [--threads N] [--layers A:B]
 // An external dump (any producer) against the ref: the candidate's own
 // forward calls are replayed through the ref at the candidate's compute dtype
 // and in float64; the first divergence (noise floor), the local errors
@@ -20,6 +20,7 @@ namespace llmdiff::cli {
 struct BisectCommandOptions {
   std::string model, candidate;
   std::string source;  // full-precision checkpoint of a quantised --model
+  std::string layers;  // --layers A:B: a shard (dumps/layer_window.h)
   BisectCliOptions bisect;
 };
 
@@ -43,6 +44,12 @@ int run_bisect(const BisectCommandOptions& o) {
       }
     return std::nullopt;
   };
+  compare::BisectOptions opt = bisect_options(o.bisect, &log);
+  if (!o.layers.empty()) {
+    opt.layers = parse_layer_window(o.layers, int(m.model.config.num_hidden_layers));
+    if (!dump_sequences(cand).empty()) throw UsageError("--layers: bisect a several-sequence candidate whole");
+    if (!o.source.empty()) throw UsageError("--layers: --source compares every layer; run it without shards");
+  }
   if (!dump_sequences(cand).empty()) {
     // Several sequences: each bisected against the reference running it alone.
     if (!o.source.empty()) throw UsageError("--source: a several-sequence candidate is not supported");
@@ -50,8 +57,10 @@ int run_bisect(const BisectCommandOptions& o) {
     const std::optional<compare::SamplingCheck> sampling = sampling_check();
     return emit_batch_bisect(b, o.bisect, sampling ? &*sampling : nullptr);
   }
-  compare::BisectResult r = bisect::bisect_candidate(m, cand, bisect_options(o.bisect, &log));
-  const std::optional<compare::SamplingCheck> sampling = sampling_check();
+  compare::BisectResult r = bisect::bisect_candidate(m, cand, opt);
+  // The sampler's names belong to the shard ending at the last layer.
+  const std::optional<compare::SamplingCheck> sampling =
+      opt.layers.finishes() ? sampling_check() : std::optional<compare::SamplingCheck>();
   const int code = emit_bisect(r, o.bisect, sampling ? &*sampling : nullptr);
   std::ostream& extra = o.bisect.json ? std::cerr : std::cout;
   if (!o.source.empty()) {
@@ -74,6 +83,9 @@ void setup_bisect(CLI::App& app, Action& action) {
   sub->add_option("--source", o->source,
                   "the full-precision checkpoint (HF directory or GGUF) a quantised --model was made from: adds a "
                   "table of how much of the divergence, layer by layer, the quantisation alone explains");
+  sub->add_option("--layers", o->layers,
+                  "analyse only layers A to B-1 (A:B), every run starting from the candidate's residual stream "
+                  "entering layer A: a shard, one process each, joined by `llmdiff merge` (use with --json)");
   add_bisect_cli_options(*sub, o->bisect);
   sub->callback([o, &action] { action = [o] { return run_bisect(*o); }; });
 }

@@ -10,6 +10,7 @@ void setup_commands(CLI::App& app, Action& action) {
   setup_regress(app, action);
   setup_run(app, action);
   setup_bisect(app, action);
+  setup_merge(app, action);
   setup_synth(app, action);
   setup_bench(app, action);
   setup_convert(app, action);

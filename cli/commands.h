@@ -22,6 +22,7 @@ void setup_synth(CLI::App& app, Action& action);
 void setup_bench(CLI::App& app, Action& action);
 void setup_convert(CLI::App& app, Action& action);
 void setup_import(CLI::App& app, Action& action);
+void setup_merge(CLI::App& app, Action& action);
 
 // All of the above on `app`, which then requires exactly one subcommand: the
 // llmdiff command line (cli/main.cpp; the end-to-end tests parse through it too).

@@ -164,6 +164,10 @@ json bisect_to_json(const BisectResult& r) {
                                        {"summary", r.layout->summary}}
                                 : json(nullptr)},
             {"diff", diff_to_json(r.global)}};
+  // A shard (bisect --layers): its layers, [first, end) of num_layers.
+  j["layers"] = r.layers.whole() ? json(nullptr)
+                                 : json{{"first", r.layers.first}, {"end", r.layers.end},
+                                        {"num_layers", r.layers.num_layers}};
   if (r.local.ran) {
     json failing = json::array();
     for (const auto& s : r.local.sites)
@@ -210,7 +214,13 @@ std::string render_bisect_table(const BisectResult& r, const BisectTableOptions&
   o += "  model " + (r.model.empty() ? std::string("?") : r.model) + ", scenario " + r.scenario.name + ": " +
        steps_text(r.scenario) + ", compute dtype " + compute_dtype_name(r.dtype) + " (" + r.dtype_source + ")\n";
   o += "  reference: " + r.reference + "\n";
-  o += "  criterion: " + criterion_text(r) + "\n\n";
+  o += "  criterion: " + criterion_text(r) + "\n";
+  if (!r.layers.whole())
+    o += "  shard: layers " + r.layers.str() + " of " + std::to_string(r.layers.num_layers) +
+         (r.layers.first > 0 ? ", every run from the candidate's residual stream entering layer " +
+                                   std::to_string(r.layers.first) + " (llmdiff merge joins the shards)"
+                             : std::string(" (llmdiff merge joins the shards)")) + "\n";
+  o += "\n";
 
   if (r.ok()) {
     o += "RESULT: no divergence: " + std::to_string(r.global.tensors.size()) + " names within the " +

@@ -1006,8 +1006,13 @@ void explain_by_ring_wrap(BisectResult& r, const TensorSource& cand) {
 
 }  // namespace
 
-BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, const LocalOracle* oracle,
-                    const HypothesisRunner* hypotheses, const BisectOptions& opt) {
+namespace {
+
+// bisect() of `cand` (a shard's view of the candidate when `window` is not
+// the whole model).
+BisectResult bisect_source(const TensorSource& cand, const WindowSource* view, const LayerWindow& window,
+                           const ReferenceRunner& reference, const LocalOracle* oracle,
+                           const HypothesisRunner* hypotheses, const BisectOptions& opt) {
   auto done = [&](const std::string& what) {
     if (opt.progress) opt.progress(what);
   };
@@ -1015,13 +1020,18 @@ BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, 
   r.candidate_label = cand.label();
   r.model = cand.manifest().model;
   r.scenario = replay_scenario(cand);
+  r.scenario.layers = window;
+  r.scenario.emit_generated = r.scenario.emit_generated && window.finishes();  // the greedy picks need the head
+  r.layers = window;
   r.dtype = candidate_dtype(cand, &r.dtype_source);
   r.reference = reference.describe();
   // The reference records what the candidate holds, plus the logits the
   // fingerprints read.
   std::vector<std::string> wanted = cand.names();
-  wanted.push_back("step*.logits");
-  wanted.push_back("step*.next_logits");
+  if (window.finishes()) {
+    wanted.push_back("step*.logits");
+    wanted.push_back("step*.next_logits");
+  }
   // The clean hypothesis run: a second honest implementation for the noise
   // floor, and the baseline of the diagnosis (first: the BLAS threads of the
   // reference runs would compete with its own).
@@ -1099,7 +1109,12 @@ BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, 
   std::unique_ptr<Recomputed> ref_local;
   LocalNoise second_local;
   if (opt.local && oracle) {
-    ref_local = recompute_reference(*oracle, cand, *ref);
+    if (view) {  // a shard: the reference's run read the candidate's inputs (tokens, the boundary)
+      const SubsetSource subset(*ref, cand.names());
+      ref_local = oracle->recompute(WithShardInputs(subset, *view), ComputeDType::Float64);
+    } else {
+      ref_local = recompute_reference(*oracle, cand, *ref);
+    }
     done("local recompute of the reference");
     std::unique_ptr<Recomputed> cand_local = oracle->recompute(cand, ComputeDType::Float64);
     done("local recompute of the candidate");
@@ -1109,7 +1124,10 @@ BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, 
       second_local = local_noise(cand, *cand_local);
     } else if (clean) {
       SubsetSource subset(*clean, cand.names());
-      second_local = local_noise(subset, *oracle->recompute(subset, ComputeDType::Float64));
+      if (view)
+        second_local = local_noise(subset, *oracle->recompute(WithShardInputs(subset, *view), ComputeDType::Float64));
+      else
+        second_local = local_noise(subset, *oracle->recompute(subset, ComputeDType::Float64));
       done("local recompute of the clean run");
     }
     r.local = judge_local(cand, *cand_local, ref.get(), ref_local.get(), r.dtype, co.sites,
@@ -1243,6 +1261,22 @@ BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, 
   if (const std::optional<std::string> at = r.localised_at()) r.heatmap = error_heatmap(*at, *ref, cand);
   if (!r.heatmap) r.heatmap = r.global.heatmap;
   return r;
+}
+
+}  // namespace
+
+BisectResult bisect(const TensorSource& cand, const ReferenceRunner& reference, const LocalOracle* oracle,
+                    const HypothesisRunner* hypotheses, const BisectOptions& opt) {
+  if (opt.layers.whole()) return bisect_source(cand, nullptr, opt.layers, reference, oracle, hypotheses, opt);
+  if (opt.clean) throw UsageError("bisect: a shard of the layers makes its own clean run");
+  LayerWindow window = opt.layers;
+  window.boundary = &cand;  // the residual stream entering the shard: the candidate's
+  check_boundary(window, cand);
+  const WindowSource view(cand, window);
+  if (view.names().empty())
+    throw UsageError(cand.label() + ": no name of the candidate belongs to layers " + window.str() +
+                     " (a shard analyses the names of its layers)");
+  return bisect_source(view, &view, window, reference, oracle, hypotheses, opt);
 }
 
 }  // namespace llmdiff::compare

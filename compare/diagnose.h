@@ -143,6 +143,10 @@ struct BisectOptions {
   // when the caller already has it (`llmdiff run` without --inject: the
   // candidate itself); null: bisect() makes it.
   std::shared_ptr<const TensorSource> clean;
+  // A shard (dumps/layer_window.h): only the window's names are analysed,
+  // every run going through its layers alone from the candidate's residual
+  // stream entering it (teacher-forced at the boundary). Whole by default.
+  LayerWindow layers;
   // Called as each phase of the pipeline ends, with a line naming it (the
   // caller adds timings); may be empty.
   std::function<void(const std::string&)> progress;
@@ -152,6 +156,7 @@ struct BisectOptions {
 struct BisectResult {
   std::string candidate_label, model;
   Scenario scenario;                          // the candidate's forward calls, as replayed
+  LayerWindow layers;                         // the shard analysed (whole: the model)
   ComputeDType dtype = ComputeDType::Float32; // the candidate's compute dtype
   std::string dtype_source;                   // "manifest", "default (no manifest dtype)"
   std::string reference;                      // the reference runner's description

@@ -94,6 +94,12 @@ std::vector<int64_t> run_scenario(Engine& engine, const Scenario& sc, Observer& 
   engine.reset();
   if (sc.left_pad < 0) throw UsageError("scenario '" + sc.name + "': left padding must be >= 0");
   if (sc.left_pad > 0) engine.set_left_padding(sc.left_pad);
+  if (!sc.layers.whole()) {
+    if (sc.left_pad > 0 || sc.decode > 0)
+      throw UsageError("scenario '" + sc.name + "': a shard of the layers replays a dump's forward calls, without "
+                       "left padding or decoding of its own");
+    engine.set_layer_window(sc.layers);
+  }
   LeftPadStripper out(obs, sc.left_pad);  // the sequence's own rows and keys
   std::vector<int64_t> generated;
   std::vector<int64_t> history;  // every token fed so far (generate's input_ids)
@@ -115,7 +121,8 @@ std::vector<int64_t> run_scenario(Engine& engine, const Scenario& sc, Observer& 
     const std::vector<int64_t> tokens = fed_tokens(sc, step);
     std::vector<float> logits = engine.forward(tokens, step, out);
     history.insert(history.end(), tokens.begin(), tokens.end());
-    if (step >= sc.first_generating_step) generated.push_back(pick(logits, step));
+    // A shard ending before the last layer has no logits to pick from.
+    if (step >= sc.first_generating_step && !logits.empty()) generated.push_back(pick(logits, step));
   }
   for (int d = 0; d < sc.decode; ++d) {
     std::vector<float> logits = engine.forward({generated.back()}, step, out);
@@ -136,6 +143,10 @@ std::vector<int64_t> fed_tokens(const Scenario& sc, int step) {
 
 void Engine::set_left_padding(int64_t pad) {
   if (pad != 0) throw UsageError(producer() + ": runs no left-padded batch rows");
+}
+
+void Engine::set_layer_window(const LayerWindow& w) {
+  if (!w.whole()) throw UsageError(producer() + ": runs no shard of the layers (" + w.str() + ")");
 }
 
 }  // namespace llmdiff

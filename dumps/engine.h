@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "dumps/dump.h"
+#include "dumps/layer_window.h"
 #include "dumps/precision.h"
 #include "dumps/observer.h"
 #include "dumps/sampling.h"
@@ -35,6 +36,12 @@ class Engine {
   // the first `pad` tokens of its first call are padding (Scenario::left_pad).
   // Throws UsageError for an engine that does not run padded rows.
   virtual void set_left_padding(int64_t pad);
+  // Runs only the layers of `w` (a shard, dumps/layer_window.h) until
+  // reset(): each call's residual stream entering w.first is read from
+  // w.boundary, and a window ending before the last layer reports no sites
+  // after the layers and returns no logits. Throws UsageError for an engine
+  // that does not run shards (the default, unless `w` is the whole model).
+  virtual void set_layer_window(const LayerWindow& w);
 };
 
 struct Scenario {
@@ -59,6 +66,10 @@ struct Scenario {
   // 1), and every report is stripped of them (dumps/padding.h).
   int64_t left_pad = 0;
   int64_t pad_token = 0;
+  // A shard of the layers (bisect --layers): the calls run through these
+  // layers only, from the boundary dump's residual stream
+  // (Engine::set_layer_window). Whole by default.
+  LayerWindow layers;
 };
 
 // --tokens 1,2,3 [--chunks 4,3] [--decode N]. Chunk sizes must add up to the

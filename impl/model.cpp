@@ -166,9 +166,20 @@ class ImplEngine final : public Engine {
     pad_ = pad;
   }
 
+  // A shard of the layers (Engine::set_layer_window), until reset().
+  void set_layer_window(const LayerWindow& w) override {
+    if (cached_ != 0) throw UsageError("impl: a layer window is set before a sequence's first call");
+    if (!w.whole() && (w.num_layers != int(cfg_.num_hidden_layers) || w.first < 0 || w.end > w.num_layers ||
+                       w.first >= w.end || (w.first > 0 && !w.boundary)))
+      throw UsageError("impl: layer window " + w.str() + " does not fit the model's " +
+                       std::to_string(cfg_.num_hidden_layers) + " layers (or lacks its boundary dump)");
+    window_ = w;
+  }
+
   void reset() override {
     cached_ = 0;
     pad_ = 0;
+    window_ = {};
     for (LayerCache& c : cache_) {
       c.k.clear();
       c.v.clear();
@@ -220,6 +231,7 @@ class ImplEngine final : public Engine {
   ForwardBuffers buf_;
   int64_t cached_ = 0;  // keys in the cache (P)
   int64_t pad_ = 0;     // left padding of this sequence (set_left_padding)
+  LayerWindow window_;  // the layers each call runs (set_layer_window): all by default
 };
 
 // The type a matmul's weights are stored in, as ggml names it.
@@ -326,9 +338,20 @@ std::vector<float> ImplEngine::forward(const std::vector<int64_t>& tokens, int s
     for (int64_t t = 0; t < T; ++t) std::fill_n(&mask[size_t(t * S)], std::min(pad_, S), 0.0f);
   site.f32("mask", {T, S}, mask.data());  // [T, S]
 
+  // The layers this call runs: all, or a shard's (set_layer_window).
+  const int first_layer = window_.whole() ? 0 : window_.first;
+  const int end_layer = window_.whole() ? int(c.num_hidden_layers) : window_.end;
   std::vector<float>& x = zeroed(buf_.x, T * D);                                    // [T, D] residual stream
-  for (int64_t t = 0; t < T; ++t) load_row(wmat(w.embed), tokens[size_t(t)], 0, D, &x[size_t(t * D)]);
-  site.f32("embed", {T, D}, x.data());
+  if (first_layer == 0) {
+    for (int64_t t = 0; t < T; ++t) load_row(wmat(w.embed), tokens[size_t(t)], 0, D, &x[size_t(t * D)]);
+    site.f32("embed", {T, D}, x.data());
+  } else {  // a shard: the residual stream entering its first layer, as the boundary dump holds it
+    const std::string name = window_.boundary_name(step);
+    const TensorData b = window_.boundary->get(name);
+    if (b.is_int || b.shape != Shape{T, D})
+      throw ShapeError(window_.boundary->label(), name, shape_str({T, D}), shape_str(b.shape));
+    std::copy(b.f.begin(), b.f.end(), x.begin());
+  }
 
   std::vector<float>& xn = zeroed(buf_.xn, T * D);                                  // [T, D] normed input
   std::vector<float>& q = zeroed(buf_.q, T * q_dim);                                // [T, Hq*Dk]
@@ -366,7 +389,7 @@ std::vector<float> ImplEngine::forward(const std::vector<int64_t>& tokens, int s
                                                  : c.attn_scaling());
   auto rope = bug.rope_interleaved ? apply_rope_interleaved : apply_rope;
 
-  for (int l = 0; l < int(c.num_hidden_layers); ++l) {
+  for (int l = first_layer; l < end_layer; ++l) {
     const LayerWeights& L = w.layers[size_t(l)];
     LayerCache& cache = cache_[size_t(l)];
 
@@ -654,6 +677,10 @@ std::vector<float> ImplEngine::forward(const std::vector<int64_t>& tokens, int s
     add(x.data(), proj.data(), T * D, x.data());  // [T, D]
     site.f32(l, "out", {T, D}, x.data());
     if (release_) w.release_layer(l);
+  }
+  if (end_layer < int(c.num_hidden_layers)) {  // a shard ending before the last layer: no head
+    cached_ = S;
+    return {};
   }
 
   rms_norm(pool_, x.data(), T, D, wmat(w.final_norm), eps, xn.data());  // [T, D]

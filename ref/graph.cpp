@@ -253,7 +253,8 @@ void Graph::run(const std::vector<std::string>& names, Observer& out, std::map<s
   const std::set<std::string> asked(names.begin(), names.end());
   for (int st : steps_used) {
     if (st < 0 || st >= steps()) continue;
-    for (int l = 0; l < carry_to && l < int(cfg_.num_hidden_layers); ++l) {
+    const int first = opt_.window.whole() ? 0 : opt_.window.first;  // a shard computes none below its window
+    for (int l = first; l < carry_to && l < int(cfg_.num_hidden_layers); ++l) {
       const std::string n = layer_name(st, l, "out");
       if (asked.count(n) || (opt_.inputs == Inputs::Dump && dump_->has(n))) continue;
       order.push_back({{1, l, int(layer_sites().size())}, n});
@@ -351,37 +352,52 @@ torch::Tensor Graph::input(const std::string& name, Value& reads) {
     reads.frontier.insert(name);
     return torch::tensor(tokens_[size_t(c.step)], torch::kLong);  // [T]
   }
-  if (opt_.inputs == Inputs::Dump && dump_->has(name)) {
-    auto it = dump_cache_.find(name);
-    if (it == dump_cache_.end()) {
-      TensorData d = dump_->get(name);
-      torch::Tensor t;
-      if (d.is_int)
-        t = torch::tensor(d.i, torch::kLong).reshape(d.shape);
-      else  // one conversion straight from the dump's values (a copy when st_ is float32)
-        t = torch::from_blob(d.f.data(), d.shape, torch::kFloat).to(st_, false, /*copy=*/true);
-      const std::optional<int> axis = token_axis(c.site);
-      if (!d.rows.empty() && axis && c.step >= 0 && c.step < steps() &&
-          d.rows.size() < tokens_[size_t(c.step)].size()) {
-        // Some of the step's token rows only (dumps/rows.h): teacher-forced
-        // on those rows, the others the reference's own values, so that every
-        // op reads whole tensors.
-        const Value* v = compute(name);
-        if (!v || !v->t.defined()) throw UsageError("cannot recompute " + name + " around its dumped rows");
-        reads.frontier.insert(v->frontier.begin(), v->frontier.end());
-        t = v->t.clone().index_copy_(*axis, torch::tensor(d.rows, torch::kLong), t.to(v->t.dtype()));
-      }
-      it = dump_cache_.emplace(name, t).first;
-    }
-    reads.direct.push_back(short_name(name));
-    reads.frontier.insert(name);
-    return it->second;
+  if (opt_.inputs == Inputs::Dump && dump_->has(name)) return read(*dump_, c, name, reads);
+  // A shard: the residual stream entering its first layer is the boundary dump's.
+  const LayerWindow& win = opt_.window;
+  if (!win.whole() && win.first > 0 && c.kind == CanonName::Kind::Layer && c.layer == win.first - 1 &&
+      c.site == "out") {
+    if (!win.boundary || !win.boundary->has(name))
+      throw MissingTensorError(win.boundary ? win.boundary->label() : std::string("shard ") + win.str(), name);
+    return read(*win.boundary, c, name, reads);
   }
   const Value* v = compute(name);
   if (!v || !v->t.defined()) throw UsageError("cannot recompute " + name);
   reads.direct.push_back(short_name(name) + "*");
   reads.frontier.insert(v->frontier.begin(), v->frontier.end());
   return v->t;
+}
+
+// `name` read from a dump (the teacher-forced inputs, a shard's boundary),
+// recorded in `reads`.
+torch::Tensor Graph::read(const TensorSource& from, const CanonName& c, const std::string& name, Value& reads) {
+  auto it = dump_cache_.find(name);
+  if (it == dump_cache_.end()) {
+    TensorData d = from.get(name);
+    torch::Tensor t;
+    if (d.is_int)
+      t = torch::tensor(d.i, torch::kLong).reshape(d.shape);
+    else  // one conversion straight from the dump's values (a copy when st_ is float32)
+      t = torch::from_blob(d.f.data(), d.shape, torch::kFloat).to(st_, false, /*copy=*/true);
+    const std::optional<int> axis = token_axis(c.site);
+    if (!d.rows.empty() && axis && c.step >= 0 && c.step < steps() &&
+        d.rows.size() < tokens_[size_t(c.step)].size()) {
+      if (&from != dump_)
+        throw UsageError(from.label() + ": " + name + " holds some of its rows only; a shard of the layers starts "
+                         "from every row of the residual stream");
+      // Some of the step's token rows only (dumps/rows.h): teacher-forced
+      // on those rows, the others the reference's own values, so that every
+      // op reads whole tensors.
+      const Value* v = compute(name);
+      if (!v || !v->t.defined()) throw UsageError("cannot recompute " + name + " around its dumped rows");
+      reads.frontier.insert(v->frontier.begin(), v->frontier.end());
+      t = v->t.clone().index_copy_(*axis, torch::tensor(d.rows, torch::kLong), t.to(v->t.dtype()));
+    }
+    it = dump_cache_.emplace(name, t).first;
+  }
+  reads.direct.push_back(short_name(name));
+  reads.frontier.insert(name);
+  return it->second;
 }
 
 const Graph::Value* Graph::compute(const std::string& name) {

@@ -34,6 +34,7 @@
 #include "dumps/bugs.h"
 #include "dumps/config.h"
 #include "dumps/dump.h"
+#include "dumps/layer_window.h"
 #include "dumps/weights.h"
 #include "ref/ops.h"
 #include "ref/weights.h"
@@ -81,6 +82,10 @@ struct GraphOptions {
   // (attention_mask.cumsum(-1) - 1, pads set to 1). The caller strips the
   // pad rows and key columns from what it reports (dumps/padding.h).
   int64_t left_pad = 0;
+  // A shard of the layers (Inputs::Tokens, dumps/layer_window.h): the
+  // residual stream entering window.first is read from window.boundary, the
+  // layers below it are never computed.
+  LayerWindow window;
 };
 
 class Graph {
@@ -132,6 +137,7 @@ class Graph {
   static std::string describe(const Value& v);
   static std::string short_name(const std::string& name);
   torch::Tensor input(const std::string& name, Value& reads);
+  torch::Tensor read(const TensorSource& from, const CanonName& c, const std::string& name, Value& reads);
   const Value* compute(const std::string& name);
   Value compute_uncached(const CanonName& c);
   void forget_layers_before(int layer, bool keep_caches);
