@@ -225,7 +225,10 @@ std::unique_ptr<MemoryDump> ImplHypothesisRunner::run(const compare::Hypothesis&
   try {
     run_scenario(*engine, sc, *dump);
   } catch (const AllRecorded&) {
-    // every wanted name is there: the rest of the scenario is skipped
+    // Every wanted name is there: the rest of the scenario is skipped, and
+    // the pages of the layer it stopped in are handed back as the forward
+    // call would have.
+    model_.weights->release_all();
   }
   return dump;
 }

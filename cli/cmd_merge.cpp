@@ -31,8 +31,8 @@ compare::ShardResult read_part(const std::string& path) {
   p.file = path;
   try {
     p.result = nlohmann::json::parse(text.str());
-  } catch (const nlohmann::json::exception& e) {
-    throw FormatError(path, "", std::string("not JSON: ") + e.what());
+  } catch (const nlohmann::json::parse_error& e) {  // the offset only: the input's bytes stay out of the message
+    throw FormatError(path, "", "not JSON (syntax error at byte " + std::to_string(e.byte) + ")");
   }
   return p;
 }
@@ -40,7 +40,12 @@ compare::ShardResult read_part(const std::string& path) {
 int run_merge(const MergeOptions& o) {
   std::vector<compare::ShardResult> parts;
   for (const std::string& p : o.parts) parts.push_back(read_part(p));
-  const nlohmann::json merged = compare::merge_bisect_shards(std::move(parts));
+  nlohmann::json merged;
+  try {
+    merged = compare::merge_bisect_shards(std::move(parts));
+  } catch (const nlohmann::json::exception& e) {  // a key of the wrong type or missing
+    throw UsageError("merge: the parts are not bisect --layers A:B --json results (" + std::string(e.what()) + ")");
+  }
   const std::string doc = merged.dump(2) + "\n";
   if (!o.out.empty()) write_file_atomic(o.out, doc);
   const std::string text = o.json ? doc : compare::render_merged_summary(merged);

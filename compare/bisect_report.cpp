@@ -165,7 +165,7 @@ json bisect_to_json(const BisectResult& r) {
                                 : json(nullptr)},
             {"diff", diff_to_json(r.global)}};
   // A shard (bisect --layers): its layers, [first, end) of num_layers.
-  j["layers"] = r.layers.whole() ? json(nullptr)
+  j["layers"] = r.layers.end < 0 ? json(nullptr)  // --layers given (0:L too: a one-shard merge)
                                  : json{{"first", r.layers.first}, {"end", r.layers.end},
                                         {"num_layers", r.layers.num_layers}};
   if (r.local.ran) {
@@ -215,7 +215,7 @@ std::string render_bisect_table(const BisectResult& r, const BisectTableOptions&
        steps_text(r.scenario) + ", compute dtype " + compute_dtype_name(r.dtype) + " (" + r.dtype_source + ")\n";
   o += "  reference: " + r.reference + "\n";
   o += "  criterion: " + criterion_text(r) + "\n";
-  if (!r.layers.whole())
+  if (r.layers.end >= 0)
     o += "  shard: layers " + r.layers.str() + " of " + std::to_string(r.layers.num_layers) +
          (r.layers.first > 0 ? ", every run from the candidate's residual stream entering layer " +
                                    std::to_string(r.layers.first) + " (llmdiff merge joins the shards)"

@@ -156,7 +156,7 @@ struct BisectOptions {
 struct BisectResult {
   std::string candidate_label, model;
   Scenario scenario;                          // the candidate's forward calls, as replayed
-  LayerWindow layers;                         // the shard analysed (whole: the model)
+  LayerWindow layers;                         // the shard analysed (end < 0: no --layers, the model)
   ComputeDType dtype = ComputeDType::Float32; // the candidate's compute dtype
   std::string dtype_source;                   // "manifest", "default (no manifest dtype)"
   std::string reference;                      // the reference runner's description

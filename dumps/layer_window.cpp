@@ -10,7 +10,7 @@ namespace llmdiff {
 std::string LayerWindow::boundary_name(int step) const { return layer_name(step, first - 1, "out"); }
 
 std::string LayerWindow::str() const {
-  return std::to_string(first) + ":" + std::to_string(whole() && end < 0 ? num_layers : end);
+  return std::to_string(first) + ":" + std::to_string(end < 0 ? num_layers : end);
 }
 
 LayerWindow parse_layer_window(const std::string& text, int num_layers) {

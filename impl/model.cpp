@@ -679,6 +679,7 @@ std::vector<float> ImplEngine::forward(const std::vector<int64_t>& tokens, int s
     if (release_) w.release_layer(l);
   }
   if (end_layer < int(c.num_hidden_layers)) {  // a shard ending before the last layer: no head
+    if (release_) w.release_head();              // the embedding's pages
     cached_ = S;
     return {};
   }

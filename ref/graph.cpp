@@ -251,9 +251,23 @@ void Graph::run(const std::vector<std::string>& names, Observer& out, std::map<s
   // layer is at hand: asked for or not, it must not be dropped with its layer
   // and then rebuilt from the layers below (for every layer: quadratic).
   const std::set<std::string> asked(names.begin(), names.end());
+  int lowest = carry_to;  // the lowest layer asked for
+  for (const auto& n : names) {
+    const CanonName c = parse_name(n);
+    if (c.kind == CanonName::Kind::Layer) lowest = std::min(lowest, c.layer);
+  }
   for (int st : steps_used) {
     if (st < 0 || st >= steps()) continue;
-    const int first = opt_.window.whole() ? 0 : opt_.window.first;  // a shard computes none below its window
+    int first = opt_.window.whole() ? 0 : opt_.window.first;  // a shard computes none below its window
+    // Teacher-forced from a dump holding the residual stream below the
+    // lowest layer asked for (a shard's view): the layers under it are not
+    // needed.
+    if (opt_.inputs == Inputs::Dump)
+      for (int l = lowest - 1; l >= first; --l)
+        if (dump_->has(layer_name(st, l, "out"))) {
+          first = l + 1;
+          break;
+        }
     for (int l = first; l < carry_to && l < int(cfg_.num_hidden_layers); ++l) {
       const std::string n = layer_name(st, l, "out");
       if (asked.count(n) || (opt_.inputs == Inputs::Dump && dump_->has(n))) continue;

@@ -109,6 +109,21 @@ INSTANTIATE_TEST_SUITE_P(AllGolden, Shards, ::testing::ValuesIn(golden_models())
                            return n;
                          });
 
+TEST(OneShard, AllLayersInOneShardIsTheWholeRun) {
+  const std::string dump = golden_dump("qwen3-qknorm", "chunked");
+  int code = -1;
+  const json whole = bisect_json("qwen3-qknorm", dump, &code);
+  json one;
+  const std::string p = shard("qwen3-qknorm", dump, "0:", &one);
+  EXPECT_EQ(one["layers"]["end"], 2);
+  const CliRun m = run_cli({"merge", p, "--json"});
+  ASSERT_EQ(m.code, code) << m.error;
+  const json merged = json::parse(m.out);
+  for (const char* key : {"ok", "compared", "diverging", "first_divergence", "first_local_failure"})
+    EXPECT_EQ(merged[key], whole[key]) << key;
+  EXPECT_EQ(merged["diff"]["tensors"], whole["diff"]["tensors"]);
+}
+
 TEST(ShardErrors, RangesThatDoNotTileTheModelAreRefused) {
   const std::string dump = golden_dump("llama-gqa", "decode");
   json a, b;
