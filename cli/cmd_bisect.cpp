@@ -47,12 +47,12 @@ int run_bisect(const BisectCommandOptions& o) {
   compare::BisectOptions opt = bisect_options(o.bisect, &log);
   if (!o.layers.empty()) {
     opt.layers = parse_layer_window(o.layers, int(m.model.config.num_hidden_layers));
-    if (!dump_sequences(cand).empty()) throw UsageError("--layers: bisect a several-sequence candidate whole");
     if (!o.source.empty()) throw UsageError("--layers: --source compares every layer; run it without shards");
   }
   if (!dump_sequences(cand).empty()) {
     // Several sequences: each bisected against the reference running it alone.
     if (!o.source.empty()) throw UsageError("--source: a several-sequence candidate is not supported");
+    if (!o.layers.empty()) throw UsageError("--layers: bisect a several-sequence candidate whole");
     const compare::BatchBisect b = bisect::bisect_batch(m, cand, bisect_options(o.bisect, &log));
     const std::optional<compare::SamplingCheck> sampling = sampling_check();
     return emit_batch_bisect(b, o.bisect, sampling ? &*sampling : nullptr);

@@ -218,8 +218,9 @@ std::string render_bisect_table(const BisectResult& r, const BisectTableOptions&
   if (r.layers.end >= 0)
     o += "  shard: layers " + r.layers.str() + " of " + std::to_string(r.layers.num_layers) +
          (r.layers.first > 0 ? ", every run from the candidate's residual stream entering layer " +
-                                   std::to_string(r.layers.first) + " (llmdiff merge joins the shards)"
-                             : std::string(" (llmdiff merge joins the shards)")) + "\n";
+                                   std::to_string(r.layers.first)
+                             : std::string()) +
+         " (llmdiff merge joins the shards)\n";
   o += "\n";
 
   if (r.ok()) {

@@ -1109,12 +1109,14 @@ BisectResult bisect_source(const TensorSource& cand, const WindowSource* view, c
   std::unique_ptr<Recomputed> ref_local;
   LocalNoise second_local;
   if (opt.local && oracle) {
-    if (view) {  // a shard: the reference's run read the candidate's inputs (tokens, the boundary)
-      const SubsetSource subset(*ref, cand.names());
-      ref_local = oracle->recompute(WithShardInputs(subset, *view), ComputeDType::Float64);
-    } else {
-      ref_local = recompute_reference(*oracle, cand, *ref);
-    }
+    // A run's own values (those of the candidate's names) recomputed from
+    // themselves; a shard's run also read the candidate's inputs (tokens,
+    // the boundary).
+    auto recompute_own = [&](const SubsetSource& run) {
+      return view ? oracle->recompute(WithShardInputs(run, *view), ComputeDType::Float64)
+                  : oracle->recompute(run, ComputeDType::Float64);
+    };
+    ref_local = recompute_own(SubsetSource(*ref, cand.names()));
     done("local recompute of the reference");
     std::unique_ptr<Recomputed> cand_local = oracle->recompute(cand, ComputeDType::Float64);
     done("local recompute of the candidate");
@@ -1123,11 +1125,8 @@ BisectResult bisect_source(const TensorSource& cand, const WindowSource* view, c
     if (clean.get() == &cand) {
       second_local = local_noise(cand, *cand_local);
     } else if (clean) {
-      SubsetSource subset(*clean, cand.names());
-      if (view)
-        second_local = local_noise(subset, *oracle->recompute(WithShardInputs(subset, *view), ComputeDType::Float64));
-      else
-        second_local = local_noise(subset, *oracle->recompute(subset, ComputeDType::Float64));
+      const SubsetSource subset(*clean, cand.names());
+      second_local = local_noise(subset, *recompute_own(subset));
       done("local recompute of the clean run");
     }
     r.local = judge_local(cand, *cand_local, ref.get(), ref_local.get(), r.dtype, co.sites,

@@ -31,40 +31,39 @@ int layer_field(const ShardResult& p, const char* key) {
   return l.at(key).get<int>();
 }
 
-// Every element of the arrays at `key` (an object path) of every part,
-// in canonical order of their "name" (stable: equal names keep part order).
-json concat_sorted(const std::vector<ShardResult>& parts, const json::json_pointer& at) {
-  json all = json::array();
+// Every element of the arrays at `at` (an object path) of every part, in part order.
+std::vector<json> gather(const std::vector<ShardResult>& parts, const json::json_pointer& at) {
+  std::vector<json> all;
   for (const ShardResult& p : parts)
     if (p.result.contains(at) && p.result.at(at).is_array())
       for (const json& e : p.result.at(at)) all.push_back(e);
-  std::vector<json> v(all.begin(), all.end());
+  return all;
+}
+
+// gather() in canonical order of each element's "name" (stable: equal names
+// keep part order).
+json concat_sorted(const std::vector<ShardResult>& parts, const json::json_pointer& at) {
+  std::vector<json> v = gather(parts, at);
   std::stable_sort(v.begin(), v.end(), name_less);
   return json(v);
 }
 
+// gather() of names, in canonical order.
 json concat_names(const std::vector<ShardResult>& parts, const json::json_pointer& at) {
   std::vector<std::string> v;
-  for (const ShardResult& p : parts)
-    if (p.result.contains(at) && p.result.at(at).is_array())
-      for (const json& e : p.result.at(at)) v.push_back(e.get<std::string>());
+  for (const json& e : gather(parts, at)) v.push_back(e.get<std::string>());
   sort_canonical(v);
   return json(v);
 }
 
-// Notes of every part, each once, in part order.
+// gather() with each element once (notes).
 json union_of(const std::vector<ShardResult>& parts, const json::json_pointer& at) {
   json out = json::array();
   std::set<std::string> seen;
-  for (const ShardResult& p : parts)
-    if (p.result.contains(at) && p.result.at(at).is_array())
-      for (const json& e : p.result.at(at))
-        if (seen.insert(e.dump()).second) out.push_back(e);
+  for (const json& e : gather(parts, at))
+    if (seen.insert(e.dump()).second) out.push_back(e);
   return out;
 }
-
-// The first of two optional names in canonical order.
-bool earlier(const std::string& a, const std::string& b) { return b.empty() || (!a.empty() && NameOrder()(a, b)); }
 
 std::string str_or_empty(const json& j, const char* key) {
   return j.contains(key) && j.at(key).is_string() ? j.at(key).get<std::string>() : "";
@@ -145,11 +144,7 @@ json merge_bisect_shards(std::vector<ShardResult> parts) {
                      {"only_in_candidate", diff["only_in_candidate"].size()}};
   diff["first_divergence"] = first_divergence.empty() ? json(nullptr) : json(first_divergence);
   diff["ok"] = failed == 0 && !diff["tensors"].empty();
-  json trace = json::array();
-  for (const ShardResult& p : parts)
-    if (p.result.contains("diff") && p.result["diff"].contains("layer_trace"))
-      for (const json& g : p.result["diff"]["layer_trace"]) trace.push_back(g);
-  std::vector<json> tv(trace.begin(), trace.end());
+  std::vector<json> tv = gather(parts, json::json_pointer("/diff/layer_trace"));
   auto part_rank = [](const json& g) {
     const std::string part = g.value("part", "");
     return part == "pre" ? 0 : part == "layer" ? 1 : 2;
@@ -200,20 +195,11 @@ json merge_bisect_shards(std::vector<ShardResult> parts) {
   // The diagnosis (and what it declares) of the shard holding that site:
   // the one whose own first local failure, else first divergence, it is.
   const ShardResult* diagnosing = &base;
-  if (!localised.empty()) {
-    std::string best;
-    for (const ShardResult& p : parts) {
-      const std::string at = str_or_empty(p.result, "localised_at");
-      if (at == localised) {
-        diagnosing = &p;
-        break;
-      }
-      if (!at.empty() && earlier(at, best)) {
-        best = at;
-        diagnosing = &p;
-      }
+  for (const ShardResult& p : parts)
+    if (!localised.empty() && str_or_empty(p.result, "localised_at") == localised) {
+      diagnosing = &p;
+      break;
     }
-  }
   for (const char* key : {"diagnosis", "declare_dtype", "declare_kv_cache", "declare_precision", "layout"})
     m[key] = field(*diagnosing, key);
   m["diagnosed_by"] = diagnosing->file;
