@@ -4,8 +4,9 @@
 // and diagnosis, on every golden model: an impl candidate with an injected
 // bug over the golden decode scenario (5 prompt tokens and 3 decode steps),
 // and HF's own decode dump, which passes. A shard past layer 0 localises and
-// names the bug on its own. Ranges that do not tile the model, and a
-// candidate without the residual stream a shard starts from, are input errors.
+// names the bug on its own. Ranges that do not tile the model, parts that are
+// no shard results, a several-sequence candidate and a candidate without the
+// residual stream a shard starts from are input errors.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -147,6 +148,20 @@ TEST(ShardErrors, RangesThatDoNotTileTheModelAreRefused) {
   r = run_cli({"merge", pa, pc});
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.error.find("not shards of one bisection"), std::string::npos) << r.error;
+  // Parts that cannot be read, or are no JSON (the message gives the offset, not the bytes).
+  r = run_cli({"merge", temp_path("absent.json")});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.error.find("cannot open"), std::string::npos) << r.error;
+  const std::string garbage = temp_path("garbage.json");
+  write_file_atomic(garbage, "{\"schema\": \x01");
+  r = run_cli({"merge", garbage, pa});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.error.find("not JSON (syntax error at byte"), std::string::npos) << r.error;
+  EXPECT_EQ(r.error.find('\x01'), std::string::npos);
+  // A several-sequence candidate is bisected whole.
+  r = run_cli({"bisect", "--model", golden_model("llama-gqa"), golden_dump("llama-gqa", "batch"), "--layers", "0:1"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.error.find("several-sequence"), std::string::npos) << r.error;
   for (const char* range : {"2:1", "0:3", "1", "a:2", "1:1"}) {
     r = run_cli({"bisect", "--model", golden_model("llama-gqa"), dump, "--layers", range, "--json"});
     EXPECT_EQ(r.code, 2) << range;
