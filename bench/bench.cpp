@@ -412,8 +412,10 @@ void print_pipeline(const json& r, const std::string& title) {
     std::printf("  error: %s\n", r["error"].get<std::string>().c_str());
     return;
   }
+  int width = 40;
+  for (const auto& p : r["phases"]) width = std::max(width, int(p["phase"].get<std::string>().size()));
   for (const auto& p : r["phases"])
-    std::printf("  %-40s %7.2f s\n", p["phase"].get<std::string>().c_str(), p["seconds"].get<double>());
+    std::printf("  %-*s %7.2f s\n", width, p["phase"].get<std::string>().c_str(), p["seconds"].get<double>());
   const double total = r["seconds"].get<double>(), plain = r["plain_forward_seconds"].get<double>();
   std::printf("  total %.2f s (%.1fx the plain impl forward of the same calls, %.2f s), peak RSS %.2f GB\n", total,
               plain > 0 ? total / plain : 0.0, plain, double(r["peak_rss_bytes"].get<int64_t>()) * 1e-9);

@@ -273,7 +273,8 @@ RefLocalOracle::~RefLocalOracle() = default;
 // layer by layer, two layers' weights converted at a time, the projections of
 // all forward calls in one product.
 std::unique_ptr<compare::Recomputed> RefLocalOracle::recompute(const TensorSource& dump, ComputeDType dtype,
-                                                               const compare::Hypothesis* h) const {
+                                                               const compare::Hypothesis* h,
+                                                               const std::vector<std::string>* only) const {
   auto out = std::make_unique<compare::Recomputed>();
   out->values.spill();
   ModelConfig cfg = model_.config;
@@ -285,11 +286,19 @@ std::unique_ptr<compare::Recomputed> RefLocalOracle::recompute(const TensorSourc
   ref::LayerByLayerWeights w(*model_.weights, ops::torch_dtype(dtype), weight_budget(*model_.weights, dtype));
   ref::Graph graph(cfg, w, go, &dump);
   try {
-    graph.run(dump.names(), out->values, &out->source);
+    graph.run(only ? *only : dump.names(), out->values, &out->source);
   } catch (const c10::Error& e) {
     throw Error(model_.config.source + ": libtorch: " + e.what_without_backtrace());
   }
   return out;
+}
+
+// The graph's layers differ only in their feed-forward block (ref/graph.cpp):
+// dense or mixture of experts.
+std::vector<int> RefLocalOracle::layer_kinds() const {
+  std::vector<int> kinds;
+  for (int64_t l = 0; l < model_.config.num_hidden_layers; ++l) kinds.push_back(model_.config.moe.is_moe_layer(l) ? 1 : 0);
+  return kinds;
 }
 
 bool RefLocalOracle::supports(const compare::Hypothesis& h) const {

@@ -43,8 +43,10 @@ class RefLocalOracle : public compare::LocalOracle {
   RefLocalOracle(const Model& model, int threads);
   ~RefLocalOracle() override;
   std::unique_ptr<compare::Recomputed> recompute(const TensorSource& dump, ComputeDType dtype,
-                                                 const compare::Hypothesis* h = nullptr) const override;
+                                                 const compare::Hypothesis* h = nullptr,
+                                                 const std::vector<std::string>* only = nullptr) const override;
   bool supports(const compare::Hypothesis& h) const override;
+  std::vector<int> layer_kinds() const override;
   std::optional<std::vector<float>> transposed_weight(const TensorSource& dump,
                                                       const std::string& name) const override;
 

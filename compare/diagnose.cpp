@@ -654,7 +654,10 @@ void local_evidence(const Context& cx, HypothesisEvidence& e) {
   const DiagnoseInputs& in = cx.in;
   if (!cx.local || !in.oracle || cx.local->failing() == 0 || !in.oracle->supports(e.hypothesis)) return;
   LocalReport lh =
-      analyse_local(*in.oracle, *in.cand, in.ref, in.dtype, in.sites, &e.hypothesis, in.ref_local, in.second_local);
+      in.cand_local ? analyse_local_variant(*in.oracle, *in.cand, *in.cand_local, *cx.local, in.ref, in.dtype, in.sites,
+                                            e.hypothesis, in.ref_local, in.second_local)
+                    : analyse_local(*in.oracle, *in.cand, in.ref, in.dtype, in.sites, &e.hypothesis, in.ref_local,
+                                    in.second_local);
   e.local_tested = true;
   e.local_failures = lh.failing();
   e.local_fixed = e.local_new = 0;
@@ -749,6 +752,9 @@ std::optional<Hypothesis> refine_parameter(const Context& cx, const std::string&
 }  // namespace
 
 Diagnosis diagnose(const DiagnoseInputs& in) {
+  auto done = [&](const std::string& what) {
+    if (in.progress) in.progress("diagnosis: " + what);
+  };
   Diagnosis d;
   const TensorSource& cand = *in.cand;
   Context cx(in);
@@ -811,6 +817,7 @@ Diagnosis diagnose(const DiagnoseInputs& in) {
       }
     } catch (const Error&) {
     }
+    done("the clean run against the candidate");
   }
   // Replay evidence for every hypothesis.
   for (const Hypothesis& h : hyps) {
@@ -818,6 +825,12 @@ Diagnosis diagnose(const DiagnoseInputs& in) {
     e.hypothesis = h;
     replay_evidence(cx, e);
     d.ranked.push_back(std::move(e));
+  }
+  if (!hyps.empty()) {
+    size_t full = 0;
+    for (const auto& e : d.ranked)
+      if (e.replay_compared > 1) ++full;
+    done("replays of " + std::to_string(hyps.size()) + " hypotheses (" + std::to_string(full) + " in full)");
   }
   auto any_replay_support = [&] {
     return std::any_of(d.ranked.begin(), d.ranked.end(), [](const HypothesisEvidence& e) { return e.supported_by_replay; });
@@ -834,13 +847,17 @@ Diagnosis diagnose(const DiagnoseInputs& in) {
         replay_evidence(cx, e);
         d.ranked.push_back(std::move(e));
       }
+    done("parameter search");
   }
   // Local evidence: for the hypotheses the replay points at, or for all of
   // them when no replay reproduces the candidate (another implementation's
   // numerics, a dump without the diverging names).
   const bool all_local = !any_replay_support();
   for (auto& e : d.ranked)
-    if (all_local || e.replay_focus_agree || e.supported_by_replay) local_evidence(cx, e);
+    if (all_local || e.replay_focus_agree || e.supported_by_replay) {
+      local_evidence(cx, e);
+      if (e.local_tested) done("local recompute with " + e.hypothesis.str());
+    }
 
   for (auto& e : d.ranked) {
     e.score = score_of(e);
@@ -1106,28 +1123,33 @@ BisectResult bisect_source(const TensorSource& cand, const WindowSource* view, c
   co.criterion.reset();  // the float64 truth (a dump's worth of memory) is not needed any more
   truth.reset();
 
-  std::unique_ptr<Recomputed> ref_local;
-  LocalNoise second_local;
+  std::unique_ptr<Recomputed> ref_local, cand_local;
+  SecondNoise second_local;
   if (opt.local && oracle) {
-    // A run's own values (those of the candidate's names) recomputed from
-    // themselves; a shard's run also read the candidate's inputs (tokens,
-    // the boundary).
-    auto recompute_own = [&](const SubsetSource& run) {
-      return view ? oracle->recompute(WithShardInputs(run, *view), ComputeDType::Float64)
-                  : oracle->recompute(run, ComputeDType::Float64);
+    // A run's own values (those of the candidate's names, or only `names`)
+    // recomputed from themselves; a shard's run also read the candidate's
+    // inputs (tokens, the boundary).
+    auto recompute_own = [&](const SubsetSource& run, const std::vector<std::string>* names = nullptr) {
+      return view ? oracle->recompute(WithShardInputs(run, *view), ComputeDType::Float64, nullptr, names)
+                  : oracle->recompute(run, ComputeDType::Float64, nullptr, names);
     };
     ref_local = recompute_own(SubsetSource(*ref, cand.names()));
     done("local recompute of the reference");
-    std::unique_ptr<Recomputed> cand_local = oracle->recompute(cand, ComputeDType::Float64);
+    cand_local = oracle->recompute(cand, ComputeDType::Float64);
     done("local recompute of the candidate");
     // The clean run's own local noise: the candidate's recompute when the
-    // candidate is that run, else one more pass over the clean run.
+    // candidate is that run, else the clean run recomputed at the sites
+    // whose verdict needs it (those failing on the reference's noise).
     if (clean.get() == &cand) {
-      second_local = local_noise(cand, *cand_local);
+      second_local = SecondNoise(local_noise(cand, *cand_local));
     } else if (clean) {
-      const SubsetSource subset(*clean, cand.names());
-      second_local = local_noise(subset, *recompute_own(subset));
-      done("local recompute of the clean run");
+      // (Called by the diagnosis too, after this block: `recompute_own` is copied.)
+      second_local = SecondNoise([&cand, &done, clean, recompute_own](const std::vector<std::string>& names) {
+        const SubsetSource subset(*clean, cand.names());
+        LocalNoise n = local_noise(subset, *recompute_own(subset, &names));
+        done("local recompute of the clean run at " + std::to_string(names.size()) + " sites");
+        return n;
+      });
     }
     r.local = judge_local(cand, *cand_local, ref.get(), ref_local.get(), r.dtype, co.sites,
                           clean ? &second_local : nullptr);
@@ -1241,16 +1263,18 @@ BisectResult bisect_source(const TensorSource& cand, const WindowSource* view, c
     in.local = &r.local;
     in.oracle = opt.local ? oracle : nullptr;
     in.ref_local = ref_local.get();
+    in.cand_local = cand_local.get();
     in.second_local = clean && ref_local ? &second_local : nullptr;
     in.runner = hypotheses;
     in.clean = clean.get();
     in.scenario = r.scenario;
     in.dtype = r.dtype;
     in.sites = co.sites;
+    in.progress = opt.progress;
     r.diagnosis = diagnose(in);
     add_signatures(r, cand, *ref, in.oracle);
     if (!r.diagnosis.bug) explain_by_layout(r);
-    done("diagnosis");
+    done("diagnosis: error signatures");
   } else {
     r.diagnosis.needed = !r.ok();
     r.diagnosis.focus = r.localised_at().value_or("");

@@ -210,12 +210,14 @@ struct DiagnoseInputs {
   const LocalReport* local = nullptr;         // may be null / not ran
   const LocalOracle* oracle = nullptr;        // may be null
   const Recomputed* ref_local = nullptr;      // the reference's recompute over the candidate's names
-  const LocalNoise* second_local = nullptr;   // the clean run's local noise per name (may be null)
+  const Recomputed* cand_local = nullptr;     // the candidate's recompute with the reference ops (judged in `local`)
+  SecondNoise* second_local = nullptr;        // the clean run's local noise, made on demand (may be null)
   const HypothesisRunner* runner = nullptr;   // may be null
   const TensorSource* clean = nullptr;        // the runner's clean run over the candidate's names, if already made
   Scenario scenario;
   ComputeDType dtype = ComputeDType::Float32;
   std::vector<std::string> sites;             // --sites filter
+  std::function<void(const std::string&)> progress;  // told as each part of the diagnosis ends (may be empty)
 };
 Diagnosis diagnose(const DiagnoseInputs& in);
 

@@ -9,6 +9,7 @@
 // libtorch-backed implementation lives in bisect/pipeline.cpp, over the
 // teacher-forced decoder graph of ref/graph.h).
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -50,11 +51,17 @@ class LocalOracle {
   // recursively) where it does not. A dump holding only `layers.*.out` thus
   // gets each layer recomputed from its layer input, every step in order with
   // the layer's own KV cache. With `h`, the ops run as the bug hypothesis
-  // describes (supports(h) must be true).
+  // describes (supports(h) must be true). With `only`, just those of the
+  // dump's sites (their inputs still read from the whole dump).
   virtual std::unique_ptr<Recomputed> recompute(const TensorSource& dump, ComputeDType dtype,
-                                                const Hypothesis* h = nullptr) const = 0;
+                                                const Hypothesis* h = nullptr,
+                                                const std::vector<std::string>* only = nullptr) const = 0;
   // Whether recompute() can run the ops under `h`.
   virtual bool supports(const Hypothesis& h) const = 0;
+  // A key per decoder layer: layers with equal keys run the same ops (a
+  // dense or a MoE block), so a hypothesis changes the same sites in each.
+  // Empty: unknown (every layer is recomputed under a hypothesis).
+  virtual std::vector<int> layer_kinds() const { return {}; }
   // The projection at `name` (attn.q/k/v, attn.out, mlp.gate/up/down; MLA's
   // attn.q_a, attn.kv_a, attn.kv) recomputed in float64 from the dump's own
   // input with its weight's memory read as [in, out] instead of HF's
@@ -127,6 +134,29 @@ struct LocalReport {
 using LocalNoise = std::map<std::string, double>;
 LocalNoise local_noise(const TensorSource& values, const Recomputed& local);
 
+// The second honest run's local noise, made only where a verdict needs it.
+// It only raises a site's threshold (the larger of the two noises), so a
+// site within the reference's own noise passes with it too: judge_local asks
+// `fill` for the sites that fail without it (the run's own values recomputed
+// at those names alone) instead of recomputing the whole run.
+class SecondNoise {
+ public:
+  using Fill = std::function<LocalNoise(const std::vector<std::string>& names)>;
+  SecondNoise() = default;
+  explicit SecondNoise(LocalNoise known) : known_(std::move(known)) {}  // all there is
+  explicit SecondNoise(Fill fill) : fill_(std::move(fill)) {}
+  const LocalNoise& known() const { return known_; }
+  // Makes the noise of those of `names` not asked before known (those the run can give).
+  void need(const std::vector<std::string>& names);
+  bool missing(const std::string& name) const { return fill_ && !asked_.count(name) && !known_.count(name); }
+  size_t filled() const { return asked_.size(); }  // sites recomputed on demand so far
+
+ private:
+  LocalNoise known_;
+  std::set<std::string> asked_;
+  Fill fill_;
+};
+
 // Judges each recomputed site: the candidate's local error (against
 // `cand_local`, its float64 recompute) vs the reference's local error at
 // `dtype` (`ref` against `ref_local`, recomputed from the same subset of
@@ -136,7 +166,7 @@ LocalNoise local_noise(const TensorSource& values, const Recomputed& local);
 // names (site globs; empty = all).
 LocalReport judge_local(const TensorSource& cand, const Recomputed& cand_local, const TensorSource* ref,
                         const Recomputed* ref_local, ComputeDType dtype, const std::vector<std::string>& sites = {},
-                        const LocalNoise* second = nullptr);
+                        SecondNoise* second = nullptr);
 
 // Runs the oracle on the candidate (float64) and on the reference at dtype
 // restricted to the candidate's names (float64), then judge_local. With `h`,
@@ -146,7 +176,20 @@ LocalReport judge_local(const TensorSource& cand, const Recomputed& cand_local, 
 LocalReport analyse_local(const LocalOracle& oracle, const TensorSource& cand, const TensorSource* ref,
                           ComputeDType dtype, const std::vector<std::string>& sites = {},
                           const Hypothesis* h = nullptr, const Recomputed* ref_local = nullptr,
-                          const LocalNoise* second = nullptr);
+                          SecondNoise* second = nullptr);
+
+// analyse_local under `h`, given the candidate's recompute with the
+// reference ops (`clean`, judged as `clean_report`): only the sites `h` can
+// change are recomputed. Those are found on the first layer of each kind
+// (LocalOracle::layer_kinds), recomputed in full under `h` with every site
+// outside the layers; in the other layers, the sites whose value changed
+// there, and those computed from recomputed inputs. Every other site keeps
+// its clean verdict: its op and its inputs (the candidate's) are the same.
+// The report is analyse_local's; without layer kinds it is analyse_local.
+LocalReport analyse_local_variant(const LocalOracle& oracle, const TensorSource& cand, const Recomputed& clean,
+                                  const LocalReport& clean_report, const TensorSource* ref, ComputeDType dtype,
+                                  const std::vector<std::string>& sites, const Hypothesis& h,
+                                  const Recomputed* ref_local, SecondNoise* second = nullptr);
 
 // The reference's float64 recompute over the candidate's subset of names
 // (what analyse_local needs as `ref_local`).

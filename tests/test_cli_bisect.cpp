@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <memory>
 #include <nlohmann/json.hpp>
 
@@ -562,6 +563,90 @@ TEST_P(BisectClean, HuggingFaceGoldenDumpsPassAsExternalCandidates) {
     EXPECT_TRUE(r.local.ran);
     EXPECT_EQ(r.local.failing(), 0u);
   }
+}
+
+// The clean run's local noise is recomputed only at the sites that fail on
+// the reference's noise alone: every verdict, note and first failure is the
+// one the whole clean run's recompute gives, for a candidate with a bug and
+// for HF's own dump.
+TEST_P(BisectClean, TheCleanRunsLocalNoiseIsMadeOnlyWhereAVerdictNeedsIt) {
+  const std::string model = GetParam();
+  const bisect::ModelOracles& m = oracles(model);
+  const Scenario sc = golden_scenario(model);
+  const std::string bug = m.model.config.mla.enabled ? "mla-rope-layout" : "rope-interleaved";
+  std::unique_ptr<MemoryDump> bugged = impl_candidate(m, sc, {bug});
+  DumpFile golden(golden_dump(model, "decode"));
+  const std::vector<std::pair<const TensorSource*, ComputeDType>> cases = {
+      {bugged.get(), ComputeDType::Float32}, {&golden, m.model.config.default_dtype()}};
+  for (const auto& [cand, dtype] : cases) {
+    SCOPED_TRACE(cand->label());
+    const std::vector<std::string> names = cand->names();
+    std::unique_ptr<MemoryDump> ref = m.reference.run(sc, dtype, names);
+    std::unique_ptr<MemoryDump> clean = m.hypotheses.run(compare::Hypothesis{}, sc, names);
+    const compare::SubsetSource ref_run(*ref, names), clean_run(*clean, names);
+    auto ref_local = m.oracle.recompute(ref_run, ComputeDType::Float64);
+    auto cand_local = m.oracle.recompute(*cand, ComputeDType::Float64);
+    compare::SecondNoise whole(compare::local_noise(clean_run, *m.oracle.recompute(clean_run, ComputeDType::Float64)));
+    size_t recomputed = 0;
+    compare::SecondNoise lazy([&](const std::vector<std::string>& sites) {
+      recomputed += sites.size();
+      return compare::local_noise(clean_run, *m.oracle.recompute(clean_run, ComputeDType::Float64, nullptr, &sites));
+    });
+    const compare::LocalReport a = compare::judge_local(*cand, *cand_local, ref.get(), ref_local.get(), dtype, {}, &whole);
+    const compare::LocalReport b = compare::judge_local(*cand, *cand_local, ref.get(), ref_local.get(), dtype, {}, &lazy);
+    ASSERT_EQ(a.sites.size(), b.sites.size());
+    EXPECT_EQ(a.first_failure, b.first_failure);
+    EXPECT_EQ(a.failing(), b.failing());
+    size_t failing_alone = 0;
+    for (size_t k = 0; k < a.sites.size(); ++k) {
+      EXPECT_EQ(a.sites[k].name, b.sites[k].name);
+      EXPECT_EQ(a.sites[k].pass, b.sites[k].pass) << a.sites[k].name << ": " << a.sites[k].note;
+      if (!a.sites[k].pass) EXPECT_EQ(a.sites[k].note, b.sites[k].note) << a.sites[k].name;
+      if (b.sites[k].noise.second_rmse >= 0) ++failing_alone;
+    }
+    EXPECT_EQ(recomputed, lazy.filled());
+    EXPECT_LE(failing_alone, recomputed);
+    EXPECT_LT(recomputed, a.sites.size());  // the whole run is not recomputed
+    if (cand == bugged.get()) EXPECT_GT(a.failing(), 0u);
+  }
+}
+
+// Under a hypothesis, the candidate's sites are recomputed only where the
+// hypothesis changes them (found on the first layer of each kind): for every
+// bug of the zoo that acts on the model, the report is the one a recompute
+// of every site gives, verdict, note (its numbers) and order.
+TEST_P(BisectClean, AHypothesisIsRecomputedOnlyWhereItCanChangeASite) {
+  const std::string model = GetParam();
+  const bisect::ModelOracles& m = oracles(model);
+  const Scenario sc = golden_scenario(model);
+  const std::string bug = m.model.config.mla.enabled ? "mla-rope-layout" : "rope-interleaved";
+  std::unique_ptr<MemoryDump> cand = impl_candidate(m, sc, {bug});
+  const std::vector<std::string> names = cand->names();
+  std::unique_ptr<MemoryDump> ref = m.reference.run(sc, ComputeDType::Float32, names);
+  auto ref_local = m.oracle.recompute(compare::SubsetSource(*ref, names), ComputeDType::Float64);
+  auto cand_local = m.oracle.recompute(*cand, ComputeDType::Float64);
+  const compare::LocalReport clean =
+      compare::judge_local(*cand, *cand_local, ref.get(), ref_local.get(), ComputeDType::Float32);
+  ASSERT_GT(clean.failing(), 0u);
+  std::set<std::string> tried;
+  for (const compare::Hypothesis& h : m.hypotheses.hypotheses()) {
+    if (!m.hypotheses.acts_in(h.bug, sc) || !m.oracle.supports(h) || !tried.insert(h.bug).second) continue;
+    SCOPED_TRACE(h.str());
+    const compare::LocalReport full =
+        compare::analyse_local(m.oracle, *cand, ref.get(), ComputeDType::Float32, {}, &h, ref_local.get());
+    const compare::LocalReport part = compare::analyse_local_variant(m.oracle, *cand, *cand_local, clean, ref.get(),
+                                                                      ComputeDType::Float32, {}, h, ref_local.get());
+    ASSERT_EQ(full.sites.size(), part.sites.size());
+    EXPECT_EQ(full.first_failure, part.first_failure);
+    EXPECT_EQ(full.hypothesis, part.hypothesis);
+    for (size_t k = 0; k < full.sites.size(); ++k) {
+      EXPECT_EQ(full.sites[k].name, part.sites[k].name);
+      EXPECT_EQ(full.sites[k].pass, part.sites[k].pass) << full.sites[k].name;
+      EXPECT_EQ(full.sites[k].note, part.sites[k].note) << full.sites[k].name;
+      EXPECT_EQ(full.sites[k].max_abs, part.sites[k].max_abs) << full.sites[k].name;
+    }
+  }
+  EXPECT_GE(tried.size(), 8u);
 }
 
 // Every value name of `want` (not the tokens fed or the greedy picks) is in

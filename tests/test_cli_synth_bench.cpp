@@ -150,7 +150,7 @@ TEST(CliSynthBench, CommandReportsBothEnginesAndTheEndToEndDiff) {
     sum += p["seconds"].get<double>();
   }
   for (const char* want : {"candidate run (impl)", "reference run in float32", "reference run in float64",
-                           "comparison", "local recompute of the candidate", "diagnosis"})
+                           "comparison", "local recompute of the candidate", "diagnosis: error signatures"})
     EXPECT_NE(std::find(phases.begin(), phases.end(), want), phases.end()) << want;
   EXPECT_LE(sum, full["seconds"].get<double>() + 1e-6);
   EXPECT_GT(full["peak_rss_bytes"].get<int64_t>(), 0);
@@ -179,9 +179,11 @@ TEST(CliSynthBench, BisectOfAnInjectedBugIsTimedLocalisedAndNamed) {
   bool diagnosed = false;
   for (const auto& p : b["phases"]) {
     sum += p["seconds"].get<double>();
-    diagnosed = diagnosed || p["phase"] == "diagnosis";
+    const std::string phase = p["phase"];
+    // The diagnosis phase by phase: the replays, the local recompute with the hypothesis, the signatures.
+    diagnosed = diagnosed || phase == "diagnosis: local recompute with rope-interleaved";
   }
-  EXPECT_TRUE(diagnosed);
+  EXPECT_TRUE(diagnosed) << b["phases"].dump();
   EXPECT_LE(sum, b["seconds"].get<double>() + 1e-6);
   // An unknown bug is a usage error before any work.
   EXPECT_EQ(llmdiff::testing::run_cli({"bench", "--model", dir, "--bisect", "no-such-bug"}).code, 2);

@@ -341,17 +341,55 @@ TEST(LocalError, ASecondHonestRunRaisesTheLocalNoise) {
   ASSERT_EQ(alone.sites.size(), 1u);
   EXPECT_FALSE(alone.sites[0].pass) << alone.sites[0].note;
 
-  const LocalNoise second = local_noise(*clean, exact);
-  ASSERT_EQ(second.count("step0.layers.0.mlp.down"), 1u);
-  EXPECT_GT(second.at("step0.layers.0.mlp.down"), 2.0 * alone.sites[0].noise.ref_rmse);
+  const LocalNoise noise = local_noise(*clean, exact);
+  ASSERT_EQ(noise.count("step0.layers.0.mlp.down"), 1u);
+  SecondNoise second(noise);
+  EXPECT_GT(noise.at("step0.layers.0.mlp.down"), 2.0 * alone.sites[0].noise.ref_rmse);
   LocalReport both = judge_local(*cand, exact, ref.get(), &exact, ComputeDType::Float32, {}, &second);
   EXPECT_TRUE(both.sites[0].pass) << both.sites[0].note;
-  EXPECT_EQ(both.sites[0].noise.second_rmse, second.at("step0.layers.0.mlp.down"));
+  EXPECT_EQ(both.sites[0].noise.second_rmse, noise.at("step0.layers.0.mlp.down"));
   // A candidate wrong by itself (3e-5 relative) still fails.
   std::vector<double> off = y;
   for (double& v : off) v *= 1.0 + 3e-5;
   auto wrong = dump_with("wrong", {float_tensor("step0.layers.0.mlp.down", {8, 256}, noisy_f32(off, 55.0, 65))});
   EXPECT_FALSE(judge_local(*wrong, exact, ref.get(), &exact, ComputeDType::Float32, {}, &second).sites[0].pass);
+}
+
+TEST(LocalError, TheSecondRunsNoiseIsMadeOnlyWhereAVerdictNeedsIt) {
+  // mlp.down fails on the reference's local noise alone (as above) and
+  // passes with the clean run's; mlp.up is within the reference's noise.
+  std::vector<double> y = normals(8 * 256, 61), u = normals(8 * 256, 71);
+  auto tensors = [&](double down_noise, double up_noise, uint64_t seed) {
+    return std::vector<TensorData>{float_tensor("step0.layers.0.mlp.up", {8, 256}, noisy_f32(u, up_noise, seed)),
+                                   float_tensor("step0.layers.0.mlp.down", {8, 256}, noisy_f32(y, down_noise, seed + 1))};
+  };
+  auto cand = dump_with("cand", tensors(55.0, 1.0, 62));
+  auto ref = dump_with("ref", tensors(20.0, 1.0, 64));
+  auto clean = dump_with("clean", tensors(55.0, 1.0, 66));
+  Recomputed exact;
+  exact.values.put(float_tensor("step0.layers.0.mlp.up", {8, 256}, to_f32(u)));
+  exact.values.put(float_tensor("step0.layers.0.mlp.down", {8, 256}, to_f32(y)));
+  std::vector<std::string> asked;
+  SecondNoise second([&](const std::vector<std::string>& names) {
+    asked.insert(asked.end(), names.begin(), names.end());
+    LocalNoise all = local_noise(*clean, exact), out;
+    for (const auto& n : names) out[n] = all.at(n);
+    return out;
+  });
+  LocalReport r = judge_local(*cand, exact, ref.get(), &exact, ComputeDType::Float32, {}, &second);
+  ASSERT_EQ(r.sites.size(), 2u);
+  EXPECT_EQ(asked, std::vector<std::string>{"step0.layers.0.mlp.down"});
+  const LocalSite* down = r.find("step0.layers.0.mlp.down");
+  ASSERT_NE(down, nullptr);
+  EXPECT_TRUE(down->pass) << down->note;
+  EXPECT_GT(down->noise.second_rmse, 2.0 * down->noise.ref_rmse);
+  EXPECT_TRUE(r.find("step0.layers.0.mlp.up")->pass);
+  EXPECT_LT(r.find("step0.layers.0.mlp.up")->noise.second_rmse, 0.0);  // not needed, not made
+  EXPECT_FALSE(r.first_failure);
+  // A site is asked for once: judging again makes nothing new.
+  judge_local(*cand, exact, ref.get(), &exact, ComputeDType::Float32, {}, &second);
+  EXPECT_EQ(asked.size(), 1u);
+  EXPECT_EQ(second.filled(), 1u);
 }
 
 TEST(LocalError, SubsetSourceShowsOnlyTheKeptNames) {
