@@ -64,15 +64,31 @@ int run_regress(const RegressOptions& o) {
   if (!o.external.command.empty())  // a wrong placeholder is the user's error, before any case runs
     bisect::expand_command(o.external.command, {{"model", ""}, {"tokens", ""}, {"chunks", ""}, {"decode", ""},
                                                 {"out", ""}, {"name", ""}});
+  // A work directory of our own is removed afterwards, unless a case fails:
+  // its dumps are then what `llmdiff bisect` needs.
+  struct OwnDir {
+    std::string path;
+    bool keep = false;
+    ~OwnDir() {
+      std::error_code ec;
+      if (!path.empty() && !keep) std::filesystem::remove_all(path, ec);
+    }
+  } own;
   if (!opts.external.command.empty() && opts.external.work_dir.empty()) {
     const char* tmpdir = std::getenv("TMPDIR");
     std::string base = std::string(tmpdir && *tmpdir ? tmpdir : "/tmp") + "/llmdiff-regress-XXXXXX";
     std::vector<char> buf(base.begin(), base.end());
     buf.push_back('\0');
     if (!mkdtemp(buf.data())) throw IoError(base, "cannot make a work directory for --engine-cmd");
-    opts.external.work_dir = buf.data();
+    opts.external.work_dir = own.path = buf.data();
   }
-  return run_regress_with(opts);
+  const int code = run_regress_with(opts);
+  if (code != 0 && !own.path.empty()) {
+    own.keep = true;
+    fmt::print(stderr, "note: {}'s dumps and logs are kept in {} (MODEL/SCENARIO.safetensors; bisect a failing "
+                       "case with llmdiff bisect --model MODEL_DIR DUMP)\n", opts.external.name, own.path);
+  }
+  return code;
 }
 
 int run_regress_with(const RegressOptions& o) {
@@ -205,7 +221,8 @@ void setup_regress(CLI::App& app, Action& action) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   sub->add_option("--work-dir", o->external.work_dir,
-                  "where --engine-cmd writes its dumps and logs (default: a fresh temporary directory)");
+                  "where --engine-cmd writes its dumps and logs (default: a fresh temporary directory, removed "
+                  "when every case passes)");
   sub->add_option("--junit", o->junit, "write JUnit XML to this file (testsuite per engine, testcase per "
                                        "model/scenario)");
   sub->add_flag("--json", o->json, "print the result as JSON (schema llmdiff.regress/1, see compare/README.md)");

@@ -133,6 +133,26 @@ TEST(CliRegress, BadInputIsExitTwo) {
 // The user's engine through a command template: a stand-in (llmdiff's impl
 // as a separate process) passes every golden case of llama-gqa, the batch's
 // sequences included, and is reported in JUnit under its own name.
+// The directories a regress run leaves in TMPDIR (its stderr in r->error).
+std::vector<std::string> work_dirs_after(const std::vector<std::string>& args, CliRun* r) {
+  const fs::path tmp = temp_path("regress-tmpdir");
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  const char* old = std::getenv("TMPDIR");
+  const std::string saved = old ? old : "";
+  setenv("TMPDIR", tmp.c_str(), 1);
+  ::testing::internal::CaptureStderr();
+  *r = run_cli(args);
+  r->error += ::testing::internal::GetCapturedStderr();
+  if (old)
+    setenv("TMPDIR", saved.c_str(), 1);
+  else
+    unsetenv("TMPDIR");
+  std::vector<std::string> dirs;
+  for (const auto& e : fs::directory_iterator(tmp)) dirs.push_back(e.path().string());
+  return dirs;
+}
+
 TEST(CliRegress, ExternalEngineByCommandTemplate) {
   const std::string bin = std::string(LLMDIFF_BINARY_DIR) + "/llmdiff";
   const std::string engine = bin + " dump --engine impl --model {model} --tokens {tokens} --chunks {chunks} "
@@ -161,6 +181,18 @@ TEST(CliRegress, ExternalEngineByCommandTemplate) {
   const std::string bad = read_text(junit);
   EXPECT_NE(bad.find("<testsuite name=\"external\" tests=\"6\" failures=\"6\""), std::string::npos) << bad;
   EXPECT_NE(bad.find("attn.q_rope"), std::string::npos);
+  // The default work directory: removed when every case passes, kept (and
+  // said where) when one fails, its dumps ready for bisect.
+  EXPECT_TRUE(work_dirs_after({"regress", "--golden", golden_model("llama-gqa"), "--engine-cmd", engine}, &r).empty());
+  EXPECT_EQ(r.code, 0) << r.error;
+  const std::vector<std::string> kept = work_dirs_after(
+      {"regress", "--golden", golden_model("llama-gqa"), "--engine-cmd",
+       bin + " dump --engine impl --inject rope-theta --model {model} --tokens {tokens} --chunks {chunks} "
+             "--decode {decode} --out {out}", "--engine-name", "myengine"}, &r);
+  EXPECT_EQ(r.code, 1) << r.error;
+  ASSERT_EQ(kept.size(), 1u);
+  EXPECT_NE(r.error.find("myengine's dumps and logs are kept in " + kept[0]), std::string::npos) << r.error;
+  EXPECT_TRUE(fs::exists(fs::path(kept[0]) / "llama-gqa" / "decode.safetensors"));
 }
 
 // An engine that fails, or a template with an unknown placeholder.
