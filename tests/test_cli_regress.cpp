@@ -172,7 +172,7 @@ TEST(CliRegress, ExternalEngineByCommandTemplate) {
   r = run_cli({"regress", "--golden", golden_model("llama-gqa"), "--engine-cmd",
                bin + " dump --engine impl --inject rope-theta --model {model} --tokens {tokens} --chunks {chunks} "
                      "--decode {decode} --out {out}",
-               "--junit", junit, "--json"});
+               "--junit", junit, "--json", "--work-dir", temp_path("regress-failing")});
   ASSERT_EQ(r.code, 1) << r.out << r.error;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["summary"]["failed"], 6);
@@ -198,7 +198,8 @@ TEST(CliRegress, ExternalEngineByCommandTemplate) {
 // An engine that fails, or a template with an unknown placeholder.
 TEST(CliRegress, ExternalEngineErrors) {
   CliRun r = run_cli({"regress", "--golden", golden_model("llama-gqa"), "--engine-cmd",
-                      "echo cannot load {model} >&2; exit 3", "--json"});
+                      "echo cannot load {model} >&2; exit 3", "--json", "--work-dir",
+                      temp_path("regress-errors")});
   ASSERT_EQ(r.code, 1) << r.error;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   const std::string err = j["cases"][0]["error"];
