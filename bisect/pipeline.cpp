@@ -297,7 +297,8 @@ std::unique_ptr<compare::Recomputed> RefLocalOracle::recompute(const TensorSourc
 // dense or mixture of experts.
 std::vector<int> RefLocalOracle::layer_kinds() const {
   std::vector<int> kinds;
-  for (int64_t l = 0; l < model_.config.num_hidden_layers; ++l) kinds.push_back(model_.config.moe.is_moe_layer(l) ? 1 : 0);
+  for (int64_t l = 0; l < model_.config.num_hidden_layers; ++l)
+    kinds.push_back(model_.config.moe.is_moe_layer(l) ? 1 : 0);
   return kinds;
 }
 

@@ -795,9 +795,10 @@ Diagnosis diagnose(const DiagnoseInputs& in) {
         TensorData a = clean->get(name), b = cand.get(name);
         double e = kInf;
         if (a.shape == b.shape) {
-          std::vector<float> x = a.floats(), y = b.floats();
+          if (a.is_int) a.f = a.floats();  // float tensors as they are, without a copy
+          if (b.is_int) b.f = b.floats();
           int64_t bad = 0;
-          e = rmse(x.data(), y.data(), int64_t(x.size()), &bad);
+          e = rmse(a.f.data(), b.f.data(), int64_t(a.f.size()), &bad);
           if (bad) e = kInf;
         }
         cx.clean_rmse[name] = e;

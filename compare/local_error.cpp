@@ -332,7 +332,10 @@ LocalReport analyse_local_variant(const LocalOracle& oracle, const TensorSource&
   const std::vector<int> kinds = oracle.layer_kinds();
   if (kinds.empty()) return analyse_local(oracle, cand, ref, dtype, sites, &h, ref_local, second);
   const std::vector<std::string> names = cand.names();
-  auto kind_of = [&](int layer) { return layer >= 0 && size_t(layer) < kinds.size() ? kinds[size_t(layer)] : -1 - layer; };
+  // A layer the oracle does not know is a kind of its own.
+  auto kind_of = [&](int layer) {
+    return layer >= 0 && size_t(layer) < kinds.size() ? kinds[size_t(layer)] : -1 - layer;
+  };
   // The first layer of each kind the candidate holds.
   std::map<int, int> probe_layer;
   for (const auto& n : names) {

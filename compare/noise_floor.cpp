@@ -119,12 +119,12 @@ Judgement NoiseFloorCriterion::judge(const TensorData& ref, const TensorData& ca
   if (!truth_ || !truth_->has(name)) return fallback("the float64 run lacks this name");
   TensorData truth = rows_like(truth_->get(name), cand);  // the candidate's rows when it holds some
   if (truth.shape != ref.shape) return fallback("the float64 run has shape " + shape_str(truth.shape));
-  std::vector<float> tf = truth.floats(), sf;
-  if (second_ && second_->has(name)) {
-    TensorData sd = rows_like(second_->get(name), cand);
-    if (sd.shape == ref.shape && !sd.is_int) sf = sd.floats();
-  }
-  NoiseStats s = noise_stats(tf.data(), ref.f.data(), cand.f.data(), ref.numel(), dtype_, sf.empty() ? nullptr : sf.data());
+  if (truth.is_int) truth.f = truth.floats();  // float values without a copy of a float tensor
+  TensorData sd;
+  if (second_ && second_->has(name)) sd = rows_like(second_->get(name), cand);
+  const bool has_second = sd.shape == ref.shape && !sd.is_int && !sd.f.empty();
+  NoiseStats s = noise_stats(truth.f.data(), ref.f.data(), cand.f.data(), ref.numel(), dtype_,
+                             has_second ? sd.f.data() : nullptr);
   Judgement j;
   j.pass = s.pass();
   j.metric = "rmse vs float64";

@@ -592,8 +592,10 @@ TEST_P(BisectClean, TheCleanRunsLocalNoiseIsMadeOnlyWhereAVerdictNeedsIt) {
       recomputed += sites.size();
       return compare::local_noise(clean_run, *m.oracle.recompute(clean_run, ComputeDType::Float64, nullptr, &sites));
     });
-    const compare::LocalReport a = compare::judge_local(*cand, *cand_local, ref.get(), ref_local.get(), dtype, {}, &whole);
-    const compare::LocalReport b = compare::judge_local(*cand, *cand_local, ref.get(), ref_local.get(), dtype, {}, &lazy);
+    const compare::LocalReport a =
+        compare::judge_local(*cand, *cand_local, ref.get(), ref_local.get(), dtype, {}, &whole);
+    const compare::LocalReport b =
+        compare::judge_local(*cand, *cand_local, ref.get(), ref_local.get(), dtype, {}, &lazy);
     ASSERT_EQ(a.sites.size(), b.sites.size());
     EXPECT_EQ(a.first_failure, b.first_failure);
     EXPECT_EQ(a.failing(), b.failing());
@@ -601,13 +603,17 @@ TEST_P(BisectClean, TheCleanRunsLocalNoiseIsMadeOnlyWhereAVerdictNeedsIt) {
     for (size_t k = 0; k < a.sites.size(); ++k) {
       EXPECT_EQ(a.sites[k].name, b.sites[k].name);
       EXPECT_EQ(a.sites[k].pass, b.sites[k].pass) << a.sites[k].name << ": " << a.sites[k].note;
-      if (!a.sites[k].pass) EXPECT_EQ(a.sites[k].note, b.sites[k].note) << a.sites[k].name;
+      if (!a.sites[k].pass) {
+        EXPECT_EQ(a.sites[k].note, b.sites[k].note) << a.sites[k].name;
+      }
       if (b.sites[k].noise.second_rmse >= 0) ++failing_alone;
     }
     EXPECT_EQ(recomputed, lazy.filled());
     EXPECT_LE(failing_alone, recomputed);
     EXPECT_LT(recomputed, a.sites.size());  // the whole run is not recomputed
-    if (cand == bugged.get()) EXPECT_GT(a.failing(), 0u);
+    if (cand == bugged.get()) {
+      EXPECT_GT(a.failing(), 0u);
+    }
   }
 }
 

@@ -360,8 +360,9 @@ TEST(LocalError, TheSecondRunsNoiseIsMadeOnlyWhereAVerdictNeedsIt) {
   // passes with the clean run's; mlp.up is within the reference's noise.
   std::vector<double> y = normals(8 * 256, 61), u = normals(8 * 256, 71);
   auto tensors = [&](double down_noise, double up_noise, uint64_t seed) {
-    return std::vector<TensorData>{float_tensor("step0.layers.0.mlp.up", {8, 256}, noisy_f32(u, up_noise, seed)),
-                                   float_tensor("step0.layers.0.mlp.down", {8, 256}, noisy_f32(y, down_noise, seed + 1))};
+    return std::vector<TensorData>{
+        float_tensor("step0.layers.0.mlp.up", {8, 256}, noisy_f32(u, up_noise, seed)),
+        float_tensor("step0.layers.0.mlp.down", {8, 256}, noisy_f32(y, down_noise, seed + 1))};
   };
   auto cand = dump_with("cand", tensors(55.0, 1.0, 62));
   auto ref = dump_with("ref", tensors(20.0, 1.0, 64));
