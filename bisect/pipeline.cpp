@@ -130,14 +130,16 @@ std::unique_ptr<MemoryDump> RefRunner::run(const Scenario& sc, ComputeDType dtyp
     return dump;
   }
   // Every call's tokens are known: layer-major, each layer's weights
-  // converted once (within weight_budget) for every forward call. In
-  // float64 (the truth) the projections of all calls are one product; at
-  // the candidate's dtype each call has its own, as HF runs them (the same
-  // numbers as the engine, bit for bit).
+  // converted once (within weight_budget) for every forward call, and the
+  // projections of all calls one matrix product. HF runs each decode call's
+  // products alone, each streaming the whole weight: stacked, they are the
+  // same products up to the dtype's rounding (the ref engine is HF's numbers
+  // bit for bit; this run is a reference at the candidate's dtype, judged by
+  // its own distance to the float64 truth).
   ref::check_model(model_.config, *model_.weights);
   ref::LayerByLayerWeights w(*model_.weights, ops::torch_dtype(dtype), weight_budget(*model_.weights, dtype));
   ref::GraphOptions go;
-  go.batch_steps = dtype == ComputeDType::Float64;
+  go.batch_steps = true;
   go.left_pad = sc.left_pad;  // a row of a left-padded batch: its pads run in front of step 0
   go.window = sc.layers;      // a shard: its layers only, from the boundary's residual stream
   if (!sc.layers.whole() && sc.left_pad > 0) throw UsageError("ref: a shard of the layers of a left-padded row");

@@ -652,12 +652,11 @@ void replay_evidence(const Context& cx, HypothesisEvidence& e) {
 // Recomputes the candidate's sites with the hypothesis' ops.
 void local_evidence(const Context& cx, HypothesisEvidence& e) {
   const DiagnoseInputs& in = cx.in;
-  if (!cx.local || !in.oracle || cx.local->failing() == 0 || !in.oracle->supports(e.hypothesis)) return;
-  LocalReport lh =
-      in.cand_local ? analyse_local_variant(*in.oracle, *in.cand, *in.cand_local, *cx.local, in.ref, in.dtype, in.sites,
-                                            e.hypothesis, in.ref_local, in.second_local)
-                    : analyse_local(*in.oracle, *in.cand, in.ref, in.dtype, in.sites, &e.hypothesis, in.ref_local,
-                                    in.second_local);
+  if (!cx.local || !in.oracle || !in.cand_local || !in.local_ref || cx.local->failing() == 0 ||
+      !in.oracle->supports(e.hypothesis))
+    return;
+  LocalReport lh = analyse_local_variant(*in.oracle, *in.cand, *in.cand_local, *cx.local, in.local_ref, in.dtype,
+                                         in.sites, e.hypothesis, in.cand_local, in.second_local);
   e.local_tested = true;
   e.local_failures = lh.failing();
   e.local_fixed = e.local_new = 0;
@@ -1124,7 +1123,12 @@ BisectResult bisect_source(const TensorSource& cand, const WindowSource* view, c
   co.criterion.reset();  // the float64 truth (a dump's worth of memory) is not needed any more
   truth.reset();
 
-  std::unique_ptr<Recomputed> ref_local, cand_local;
+  // cand_local: the candidate's sites recomputed in float64 from its own
+  // inputs; ref_ops: the same sites by the reference's ops at the
+  // candidate's dtype, from the same inputs. The reference's local noise at a
+  // site is ref_ops against cand_local: the rounding the reference makes on
+  // the very inputs judged.
+  std::unique_ptr<Recomputed> cand_local, ref_ops;
   SecondNoise second_local;
   if (opt.local && oracle) {
     // A run's own values (those of the candidate's names, or only `names`)
@@ -1134,10 +1138,10 @@ BisectResult bisect_source(const TensorSource& cand, const WindowSource* view, c
       return view ? oracle->recompute(WithShardInputs(run, *view), ComputeDType::Float64, nullptr, names)
                   : oracle->recompute(run, ComputeDType::Float64, nullptr, names);
     };
-    ref_local = recompute_own(SubsetSource(*ref, cand.names()));
-    done("local recompute of the reference");
     cand_local = oracle->recompute(cand, ComputeDType::Float64);
     done("local recompute of the candidate");
+    ref_ops = oracle->recompute(cand, r.dtype);
+    done(std::string("the reference's ops in ") + compute_dtype_name(r.dtype) + " on the candidate's inputs");
     // The clean run's own local noise: the candidate's recompute when the
     // candidate is that run, else the clean run recomputed at the sites
     // whose verdict needs it (those failing on the reference's noise).
@@ -1152,7 +1156,7 @@ BisectResult bisect_source(const TensorSource& cand, const WindowSource* view, c
         return n;
       });
     }
-    r.local = judge_local(cand, *cand_local, ref.get(), ref_local.get(), r.dtype, co.sites,
+    r.local = judge_local(cand, *cand_local, &ref_ops->values, cand_local.get(), r.dtype, co.sites,
                           clean ? &second_local : nullptr);
     std::vector<std::string> missing;
     // Step tokens are the run's inputs; sample.* the sampler's (judged by
@@ -1263,9 +1267,9 @@ BisectResult bisect_source(const TensorSource& cand, const WindowSource* view, c
     in.global = &r.global;
     in.local = &r.local;
     in.oracle = opt.local ? oracle : nullptr;
-    in.ref_local = ref_local.get();
+    in.local_ref = ref_ops ? &ref_ops->values : nullptr;
     in.cand_local = cand_local.get();
-    in.second_local = clean && ref_local ? &second_local : nullptr;
+    in.second_local = clean && ref_ops ? &second_local : nullptr;
     in.runner = hypotheses;
     in.clean = clean.get();
     in.scenario = r.scenario;

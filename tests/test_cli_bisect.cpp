@@ -565,6 +565,60 @@ TEST_P(BisectClean, HuggingFaceGoldenDumpsPassAsExternalCandidates) {
   }
 }
 
+// The reference's local noise at a site is its own op at the candidate's
+// dtype on the candidate's inputs, against the float64 recompute. On HF's own
+// prefill (one forward call) that op is HF's: for the dense goldens, which
+// the ref reproduces bit for bit here, the noise is the candidate's local
+// error itself at every site; for the MoE/MLA ones (written on a CPU whose
+// OpenBLAS kernels sum otherwise, tests/golden/README.md) it is another
+// float32 rounding of the same op on the same inputs, of the same size.
+TEST_P(BisectClean, TheReferencesLocalNoiseIsItsOpOnTheCandidatesInputs) {
+  const std::string model = GetParam();
+  const bisect::ModelOracles& m = oracles(model);
+  const bool bit_exact = !m.model.config.moe.enabled() && !m.model.config.mla.enabled;
+  DumpFile golden(golden_dump(model, "prefill"));
+  BisectOptions opt;
+  opt.diagnose = false;
+  BisectResult r = bisect::bisect_candidate(m, golden, opt);
+  ASSERT_TRUE(r.local.ran);
+  size_t judged = 0;
+  for (const compare::LocalSite& s : r.local.sites) {
+    if (!s.has_ref_noise || s.noise.cand_rmse == 0) continue;  // copies, exact ops
+    if (bit_exact) {
+      EXPECT_EQ(s.noise.ref_rmse, s.noise.cand_rmse) << s.name;
+    } else {
+      EXPECT_GT(s.noise.ref_rmse, s.noise.cand_rmse / 3) << s.name;
+      EXPECT_LT(s.noise.ref_rmse, s.noise.cand_rmse * 3) << s.name;
+    }
+    ++judged;
+  }
+  EXPECT_GT(judged, 10u);
+  // A candidate whose layer-0 attn_norm is off (x1.5): every later site's
+  // inputs are its own, not the reference's, and the noise is measured on
+  // them: the reference's ops at float32 on its inputs against float64.
+  MemoryDump cand("attn_norm x1.5");
+  cand.mutable_manifest() = golden.manifest();
+  for (const auto& n : golden.names()) {
+    TensorData t = golden.get(n);
+    if (n == "step0.layers.0.attn_norm")
+      for (float& x : t.f) x *= 1.5f;
+    cand.put(t);
+  }
+  const BisectResult b = bisect::bisect_candidate(m, cand, opt);
+  ASSERT_TRUE(b.local.ran);
+  const auto at_dtype = m.oracle.recompute(cand, b.dtype), exact = m.oracle.recompute(cand, ComputeDType::Float64);
+  size_t downstream = 0;
+  for (const compare::LocalSite& s : b.local.sites) {
+    if (!s.has_ref_noise) continue;
+    const TensorData x = at_dtype->values.get(s.name), y = exact->values.get(s.name);
+    ASSERT_EQ(x.shape, y.shape) << s.name;
+    if (x.is_int) continue;
+    EXPECT_EQ(s.noise.ref_rmse, compare::rmse(x.f.data(), y.f.data(), x.numel())) << s.name;
+    downstream += parse_name(s.name).layer >= 1;
+  }
+  EXPECT_GT(downstream, 10u);
+}
+
 // The clean run's local noise is recomputed only at the sites that fail on
 // the reference's noise alone: every verdict, note and first failure is the
 // one the whole clean run's recompute gives, for a candidate with a bug and
@@ -702,10 +756,12 @@ TEST_P(BisectClean, TheFloat64TruthIsTheRefEngineInFloat64) {
   }
 }
 
-// A replay (every call's tokens known) runs layer-major through the graph:
-// at the candidate's dtype it must be the ref engine's forward, call by
-// call, bit for bit (each call has its own products, as in HF).
-TEST_P(BisectClean, TheLayerMajorReplayIsTheRefEngineBitForBit) {
+// A replay (every call's tokens known) runs layer-major through the graph,
+// the projections of all its calls one product: at the candidate's dtype it
+// must be the ref engine's forward (HF's numbers, each call its own
+// products) up to that dtype's rounding, every integer (tokens, greedy
+// picks) equal.
+TEST_P(BisectClean, TheLayerMajorReplayIsTheRefEngineUpToRounding) {
   const std::string model = GetParam();
   const bisect::ModelOracles& m = oracles(model);
   for (const ComputeDType dtype : {ComputeDType::Float32, ComputeDType::BFloat16}) {
@@ -720,14 +776,30 @@ TEST_P(BisectClean, TheLayerMajorReplayIsTheRefEngineBitForBit) {
       MemoryDump want("ref engine");
       run_scenario(*engine, sc, want);
       EXPECT_EQ(replay->names(), want.names());
-      size_t same = 0;
+      // Relative RMSE within `allowed` unit roundoffs of the dtype: measured
+      // at most 22 (float32, the stacked rows change OpenBLAS's blocking) and
+      // 0 (bfloat16, libtorch's own per-row loops) on the golden models; a
+      // row of another call would be off by O(1).
+      const bool f32 = dtype == ComputeDType::Float32;
+      const double unit = std::ldexp(1.0, f32 ? -24 : -8), allowed = f32 ? 256 : 16;
+      size_t compared = 0;
       for (const auto& name : want.names()) {
         const TensorData a = replay->get(name), b = want.get(name);
         ASSERT_EQ(a.shape, b.shape) << name;
-        EXPECT_TRUE(a.f == b.f && a.i == b.i) << name << " differs";
-        ++same;
+        if (b.is_int) {
+          EXPECT_EQ(a.i, b.i) << name;
+          continue;
+        }
+        double d2 = 0, r2 = 0;
+        for (size_t k = 0; k < b.f.size(); ++k) {
+          d2 += (double(a.f[k]) - b.f[k]) * (double(a.f[k]) - b.f[k]);
+          r2 += double(b.f[k]) * b.f[k];
+        }
+        const double rel = r2 > 0 ? std::sqrt(d2 / r2) : std::sqrt(d2);
+        EXPECT_LE(rel, allowed * unit) << name;
+        ++compared;
       }
-      EXPECT_GT(same, 50u);
+      EXPECT_GT(compared, 50u);
     }
   }
 }
