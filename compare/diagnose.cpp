@@ -655,8 +655,9 @@ void local_evidence(const Context& cx, HypothesisEvidence& e) {
   if (!cx.local || !in.oracle || !in.cand_local || !in.local_ref || cx.local->failing() == 0 ||
       !in.oracle->supports(e.hypothesis))
     return;
-  LocalReport lh = analyse_local_variant(*in.oracle, *in.cand, *in.cand_local, *cx.local, in.local_ref, in.dtype,
-                                         in.sites, e.hypothesis, in.cand_local, in.second_local);
+  LocalReport lh = analyse_local_variant(*in.oracle, *in.cand, *in.cand_local, *cx.local, &in.local_ref->values(),
+                                         in.dtype, in.sites, e.hypothesis, in.cand_local, in.second_local,
+                                         in.local_ref);
   e.local_tested = true;
   e.local_failures = lh.failing();
   e.local_fixed = e.local_new = 0;
@@ -1125,10 +1126,11 @@ BisectResult bisect_source(const TensorSource& cand, const WindowSource* view, c
 
   // cand_local: the candidate's sites recomputed in float64 from its own
   // inputs; ref_ops: the same sites by the reference's ops at the
-  // candidate's dtype, from the same inputs. The reference's local noise at a
-  // site is ref_ops against cand_local: the rounding the reference makes on
-  // the very inputs judged.
-  std::unique_ptr<Recomputed> cand_local, ref_ops;
+  // candidate's dtype, from the same inputs, made where a verdict needs them.
+  // The reference's local noise at a site is ref_ops against cand_local: the
+  // rounding the reference makes on the very inputs judged.
+  std::unique_ptr<Recomputed> cand_local;
+  std::optional<RefOnDemand> ref_ops;
   SecondNoise second_local;
   if (opt.local && oracle) {
     // A run's own values (those of the candidate's names, or only `names`)
@@ -1140,8 +1142,13 @@ BisectResult bisect_source(const TensorSource& cand, const WindowSource* view, c
     };
     cand_local = oracle->recompute(cand, ComputeDType::Float64);
     done("local recompute of the candidate");
-    ref_ops = oracle->recompute(cand, r.dtype);
-    done(std::string("the reference's ops in ") + compute_dtype_name(r.dtype) + " on the candidate's inputs");
+    const ComputeDType dtype = r.dtype;
+    ref_ops.emplace([&cand, &done, oracle, dtype](const std::vector<std::string>& names) {
+      std::unique_ptr<Recomputed> made = oracle->recompute(cand, dtype, nullptr, &names);
+      done(std::string("the reference's ops in ") + compute_dtype_name(dtype) + " on the candidate's inputs at " +
+           std::to_string(names.size()) + " sites");
+      return made;
+    });
     // The clean run's own local noise: the candidate's recompute when the
     // candidate is that run, else the clean run recomputed at the sites
     // whose verdict needs it (those failing on the reference's noise).
@@ -1156,8 +1163,9 @@ BisectResult bisect_source(const TensorSource& cand, const WindowSource* view, c
         return n;
       });
     }
-    r.local = judge_local(cand, *cand_local, &ref_ops->values, cand_local.get(), r.dtype, co.sites,
-                          clean ? &second_local : nullptr);
+    r.local = judge_local(cand, *cand_local, &ref_ops->values(), cand_local.get(), r.dtype, co.sites,
+                          clean ? &second_local : nullptr, &*ref_ops);
+    done("local verdicts at " + std::to_string(r.local.sites.size()) + " sites");
     std::vector<std::string> missing;
     // Step tokens are the run's inputs; sample.* the sampler's (judged by
     // compare/sampling_check.h); kv.* a paged cache's bookkeeping (checked
@@ -1267,7 +1275,7 @@ BisectResult bisect_source(const TensorSource& cand, const WindowSource* view, c
     in.global = &r.global;
     in.local = &r.local;
     in.oracle = opt.local ? oracle : nullptr;
-    in.local_ref = ref_ops ? &ref_ops->values : nullptr;
+    in.local_ref = ref_ops ? &*ref_ops : nullptr;
     in.cand_local = cand_local.get();
     in.second_local = clean && ref_ops ? &second_local : nullptr;
     in.runner = hypotheses;

@@ -210,9 +210,10 @@ struct DiagnoseInputs {
   const LocalReport* local = nullptr;         // may be null / not ran
   const LocalOracle* oracle = nullptr;        // may be null
   const Recomputed* cand_local = nullptr;     // the candidate's float64 recompute (judged in `local`)
-  // The reference's ops at `dtype` on the candidate's inputs: the reference's
-  // local noise is this against cand_local (both needed for local evidence).
-  const TensorSource* local_ref = nullptr;
+  // The reference's ops at `dtype` on the candidate's inputs, made where a
+  // verdict needs them: the reference's local noise is this against
+  // cand_local (both needed for local evidence).
+  RefOnDemand* local_ref = nullptr;
   SecondNoise* second_local = nullptr;        // the clean run's local noise, made on demand (may be null)
   const HypothesisRunner* runner = nullptr;   // may be null
   const TensorSource* clean = nullptr;        // the runner's clean run over the candidate's names, if already made

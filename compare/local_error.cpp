@@ -166,12 +166,47 @@ void SecondNoise::need(const std::vector<std::string>& names) {
   for (auto& [name, e] : fill_(ask)) known_.emplace(name, e);
 }
 
+RefOnDemand::RefOnDemand(Fill fill) : fill_(std::move(fill)) {}
+
+void RefOnDemand::need(const std::vector<std::string>& names) {
+  std::vector<std::string> ask;
+  for (const auto& n : names)
+    if (asked_.insert(n).second) ask.push_back(n);
+  if (ask.empty()) return;
+  made_.parts.push_back(fill_(ask));
+  const MemoryDump& part = made_.parts.back()->values;
+  for (const auto& n : ask)
+    if (part.has(n)) made_.at[n] = &part;
+}
+
+std::vector<std::string> RefOnDemand::Made::names() const {
+  std::vector<std::string> v;
+  for (const auto& kv : at) v.push_back(kv.first);
+  sort_canonical(v);
+  return v;
+}
+
+Shape RefOnDemand::Made::shape(const std::string& name) const {
+  auto it = at.find(name);
+  if (it == at.end()) throw MissingTensorError(label_, name);
+  return it->second->shape(name);
+}
+
+TensorData RefOnDemand::Made::get(const std::string& name) const {
+  auto it = at.find(name);
+  if (it == at.end()) throw MissingTensorError(label_, name);
+  return it->second->get(name);
+}
+
 namespace {
 
-// One site of judge_local (nullopt: the oracle did not recompute it).
+// One site of judge_local (nullopt: the oracle did not recompute it). With
+// `lazy`, a site whose reference values are not made yet is within the floor
+// (passes) or `*wants_ref`.
 std::optional<LocalSite> judge_site(const std::string& name, const TensorSource& cand, const Recomputed& cand_local,
                                     const TensorSource* ref, const Recomputed* ref_local, ComputeDType dtype,
-                                    const LocalNoise* second) {
+                                    const LocalNoise* second, const RefOnDemand* lazy = nullptr,
+                                    bool* wants_ref = nullptr) {
   if (!cand_local.values.has(name)) return std::nullopt;
   LocalSite s;
   s.name = name;
@@ -225,6 +260,16 @@ std::optional<LocalSite> judge_site(const std::string& name, const TensorSource&
   }
   s.noise = noise_stats(cand_rmse, ref_rmse, rms(lf.data(), l.numel()), dtype);
   if (bad > ref_bad) s.noise.finite = false;
+  if (!s.has_ref_noise && lazy && lazy->missing(name)) {
+    if (bad == 0 && s.noise.pass()) {  // within m x 0 + floor
+      s.within_floor = true;
+      s.pass = true;
+    } else {
+      s.pass = false;
+      if (wants_ref) *wants_ref = true;
+    }
+    return s;
+  }
   if (second && s.has_ref_noise) {
     auto it = second->find(name);
     if (it != second->end()) s.noise.second_rmse = it->second;
@@ -255,18 +300,29 @@ std::optional<LocalSite> judge_site(const std::string& name, const TensorSource&
 
 LocalReport judge_local(const TensorSource& cand, const Recomputed& cand_local, const TensorSource* ref,
                         const Recomputed* ref_local, ComputeDType dtype, const std::vector<std::string>& sites,
-                        SecondNoise* second) {
+                        SecondNoise* second, RefOnDemand* lazy) {
   LocalReport r;
   r.ran = true;
   r.dtype = dtype;
   const LocalNoise* known = second ? &second->known() : nullptr;
+  std::vector<size_t> wanting;  // sites waiting for the reference's values (lazy)
   for (const auto& name : cand.names()) {
     if (!sites.empty() && !any_site_glob_match(sites, name)) continue;
-    std::optional<LocalSite> s = judge_site(name, cand, cand_local, ref, ref_local, dtype, known);
+    bool wants = false;
+    std::optional<LocalSite> s = judge_site(name, cand, cand_local, ref, ref_local, dtype, known, lazy, &wants);
+    if (wants) wanting.push_back(r.sites.size());
     if (s)
       r.sites.push_back(std::move(*s));
     else
       r.not_recomputed.push_back(name);
+  }
+  // The reference's values where the local error exceeds the floor alone,
+  // made now, and those sites judged again.
+  if (lazy && !wanting.empty()) {
+    std::vector<std::string> names;
+    for (size_t k : wanting) names.push_back(r.sites[k].name);
+    lazy->need(names);
+    for (size_t k : wanting) r.sites[k] = *judge_site(r.sites[k].name, cand, cand_local, ref, ref_local, dtype, known);
   }
   // The sites that fail on the reference's noise alone, judged again with
   // the second run's (made for them now).
@@ -299,14 +355,14 @@ std::unique_ptr<Recomputed> recompute_reference(const LocalOracle& oracle, const
 
 LocalReport analyse_local(const LocalOracle& oracle, const TensorSource& cand, const TensorSource* ref,
                           ComputeDType dtype, const std::vector<std::string>& sites, const Hypothesis* h,
-                          const Recomputed* ref_local, SecondNoise* second) {
+                          const Recomputed* ref_local, SecondNoise* second, RefOnDemand* lazy) {
   std::unique_ptr<Recomputed> own_ref_local;
-  if (ref && !ref_local) {
+  if (ref && !ref_local && !lazy) {
     own_ref_local = recompute_reference(oracle, cand, *ref);
     ref_local = own_ref_local.get();
   }
   std::unique_ptr<Recomputed> cand_local = oracle.recompute(cand, ComputeDType::Float64, h);
-  LocalReport r = judge_local(cand, *cand_local, ref, ref_local, dtype, sites, second);
+  LocalReport r = judge_local(cand, *cand_local, ref, ref_local, dtype, sites, second, lazy);
   if (h) r.hypothesis = h->str();
   return r;
 }
@@ -328,9 +384,9 @@ bool same_values(const TensorSource& a, const TensorSource& b, const std::string
 LocalReport analyse_local_variant(const LocalOracle& oracle, const TensorSource& cand, const Recomputed& clean,
                                   const LocalReport& clean_report, const TensorSource* ref, ComputeDType dtype,
                                   const std::vector<std::string>& sites, const Hypothesis& h,
-                                  const Recomputed* ref_local, SecondNoise* second) {
+                                  const Recomputed* ref_local, SecondNoise* second, RefOnDemand* lazy) {
   const std::vector<int> kinds = oracle.layer_kinds();
-  if (kinds.empty()) return analyse_local(oracle, cand, ref, dtype, sites, &h, ref_local, second);
+  if (kinds.empty()) return analyse_local(oracle, cand, ref, dtype, sites, &h, ref_local, second, lazy);
   const std::vector<std::string> names = cand.names();
   // A layer the oracle does not know is a kind of its own.
   auto kind_of = [&](int layer) {
@@ -372,7 +428,7 @@ LocalReport analyse_local_variant(const LocalOracle& oracle, const TensorSource&
     std::vector<std::string> keep = subset;
     for (const auto& n : subset)
       if (cand.has(rows_name_for(n))) keep.push_back(rows_name_for(n));
-    return judge_local(SubsetSource(cand, keep), values, ref, ref_local, dtype, sites, second);
+    return judge_local(SubsetSource(cand, keep), values, ref, ref_local, dtype, sites, second, lazy);
   };
   LocalReport r = clean_report;
   r.hypothesis = h.str();

@@ -106,6 +106,9 @@ struct LocalSite {
   int64_t int_mismatches = 0;
   // Candidate and reference local RMSEs and the noise-floor verdict.
   bool has_ref_noise = false;  // the reference's local noise at this site is known
+  // The local error is within the floor alone: it passes whatever the noise,
+  // which was then not measured (RefOnDemand).
+  bool within_floor = false;
   NoiseStats noise;
   bool pass = true;
   std::string note;
@@ -157,16 +160,55 @@ class SecondNoise {
   Fill fill_;
 };
 
+// The reference's values at the candidate's dtype, made only at the sites
+// whose verdict needs them: a site whose local error is within the floor
+// alone passes whatever the noise (threshold = m x noise + floor), so
+// judge_local asks `fill` (the reference's ops at that dtype on the
+// candidate's inputs, at those names alone) only for the others.
+class RefOnDemand {
+ public:
+  using Fill = std::function<std::unique_ptr<Recomputed>(const std::vector<std::string>& names)>;
+  explicit RefOnDemand(Fill fill);
+  const TensorSource& values() const { return made_; }  // what has been made so far
+  // Makes those of `names` not asked before (those the fill can give).
+  void need(const std::vector<std::string>& names);
+  bool missing(const std::string& name) const { return !asked_.count(name); }
+  size_t asked() const { return asked_.size(); }
+
+ private:
+  // Every fill's values, read where they were made (spilled, not copied).
+  class Made : public TensorSource {
+   public:
+    const std::string& label() const override { return label_; }
+    const Manifest& manifest() const override { return manifest_; }
+    std::vector<std::string> names() const override;
+    bool has(const std::string& name) const override { return at.count(name) != 0; }
+    Shape shape(const std::string& name) const override;
+    TensorData get(const std::string& name) const override;
+    std::vector<std::unique_ptr<Recomputed>> parts;
+    std::map<std::string, const TensorSource*> at;
+
+   private:
+    std::string label_ = "reference at the candidate's dtype, where a verdict needs it";
+    Manifest manifest_;
+  };
+  Fill fill_;
+  std::set<std::string> asked_;
+  Made made_;
+};
+
 // Judges each recomputed site: the candidate's local error (against
 // `cand_local`, its float64 recompute) vs the reference's local error at
 // `dtype` (`ref` against `ref_local`, recomputed from the same subset of
 // names) or, where larger, `second` (another honest run's local noise).
 // Integer sites (tokens, positions, generated) and sites without a reference
 // noise level are compared exactly / by the floor alone. `sites` filters
-// names (site globs; empty = all).
+// names (site globs; empty = all). With `lazy`, `ref` is lazy->values(),
+// made by it where a verdict needs them (`ref_local` their float64
+// recompute: the candidate's own, for the reference's ops on its inputs).
 LocalReport judge_local(const TensorSource& cand, const Recomputed& cand_local, const TensorSource* ref,
                         const Recomputed* ref_local, ComputeDType dtype, const std::vector<std::string>& sites = {},
-                        SecondNoise* second = nullptr);
+                        SecondNoise* second = nullptr, RefOnDemand* lazy = nullptr);
 
 // Runs the oracle on the candidate (float64) and on the reference at dtype
 // restricted to the candidate's names (float64), then judge_local. With `h`,
@@ -176,7 +218,7 @@ LocalReport judge_local(const TensorSource& cand, const Recomputed& cand_local, 
 LocalReport analyse_local(const LocalOracle& oracle, const TensorSource& cand, const TensorSource* ref,
                           ComputeDType dtype, const std::vector<std::string>& sites = {},
                           const Hypothesis* h = nullptr, const Recomputed* ref_local = nullptr,
-                          SecondNoise* second = nullptr);
+                          SecondNoise* second = nullptr, RefOnDemand* lazy = nullptr);
 
 // analyse_local under `h`, given the candidate's recompute with the
 // reference ops (`clean`, judged as `clean_report`): only the sites `h` can
@@ -189,7 +231,8 @@ LocalReport analyse_local(const LocalOracle& oracle, const TensorSource& cand, c
 LocalReport analyse_local_variant(const LocalOracle& oracle, const TensorSource& cand, const Recomputed& clean,
                                   const LocalReport& clean_report, const TensorSource* ref, ComputeDType dtype,
                                   const std::vector<std::string>& sites, const Hypothesis& h,
-                                  const Recomputed* ref_local, SecondNoise* second = nullptr);
+                                  const Recomputed* ref_local, SecondNoise* second = nullptr,
+                                  RefOnDemand* lazy = nullptr);
 
 // The reference's float64 recompute over the candidate's subset of names
 // (what analyse_local needs as `ref_local`).
