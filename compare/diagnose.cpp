@@ -655,9 +655,8 @@ void local_evidence(const Context& cx, HypothesisEvidence& e) {
   if (!cx.local || !in.oracle || !in.cand_local || !in.local_ref || cx.local->failing() == 0 ||
       !in.oracle->supports(e.hypothesis))
     return;
-  LocalReport lh = analyse_local_variant(*in.oracle, *in.cand, *in.cand_local, *cx.local, &in.local_ref->values(),
-                                         in.dtype, in.sites, e.hypothesis, in.cand_local, in.second_local,
-                                         in.local_ref);
+  LocalReport lh = analyse_local_variant(*in.oracle, *in.cand, *in.cand_local, *cx.local, nullptr, in.dtype,
+                                         in.sites, e.hypothesis, in.cand_local, in.second_local, in.local_ref);
   e.local_tested = true;
   e.local_failures = lh.failing();
   e.local_fixed = e.local_new = 0;
@@ -1163,7 +1162,7 @@ BisectResult bisect_source(const TensorSource& cand, const WindowSource* view, c
         return n;
       });
     }
-    r.local = judge_local(cand, *cand_local, &ref_ops->values(), cand_local.get(), r.dtype, co.sites,
+    r.local = judge_local(cand, *cand_local, nullptr, cand_local.get(), r.dtype, co.sites,
                           clean ? &second_local : nullptr, &*ref_ops);
     done("local verdicts at " + std::to_string(r.local.sites.size()) + " sites");
     std::vector<std::string> missing;

@@ -305,6 +305,7 @@ LocalReport judge_local(const TensorSource& cand, const Recomputed& cand_local, 
   r.ran = true;
   r.dtype = dtype;
   const LocalNoise* known = second ? &second->known() : nullptr;
+  if (lazy) ref = &lazy->values();
   std::vector<size_t> wanting;  // sites waiting for the reference's values (lazy)
   for (const auto& name : cand.names()) {
     if (!sites.empty() && !any_site_glob_match(sites, name)) continue;

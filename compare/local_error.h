@@ -203,9 +203,10 @@ class RefOnDemand {
 // names) or, where larger, `second` (another honest run's local noise).
 // Integer sites (tokens, positions, generated) and sites without a reference
 // noise level are compared exactly / by the floor alone. `sites` filters
-// names (site globs; empty = all). With `lazy`, `ref` is lazy->values(),
-// made by it where a verdict needs them (`ref_local` their float64
-// recompute: the candidate's own, for the reference's ops on its inputs).
+// names (site globs; empty = all). With `lazy`, the reference's values are
+// lazy->values() (`ref` is not read), made where a verdict needs them
+// (`ref_local` their float64 recompute: the candidate's own, for the
+// reference's ops on its inputs).
 LocalReport judge_local(const TensorSource& cand, const Recomputed& cand_local, const TensorSource* ref,
                         const Recomputed* ref_local, ComputeDType dtype, const std::vector<std::string>& sites = {},
                         SecondNoise* second = nullptr, RefOnDemand* lazy = nullptr);
