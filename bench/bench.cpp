@@ -338,11 +338,13 @@ std::string bench_run_pipeline(const BenchOptions& o, const std::vector<std::str
   eo.inject = inject;
   const std::unique_ptr<MemoryDump> cand = bisect::run_impl_candidate(m, sc, eo);
   phase(inject.empty() ? "candidate run (impl)" : "candidate run (impl --inject " + inject.front() + ")");
+  const double candidate_s = seconds_since(start);
   compare::BisectOptions bo;
   bo.progress = phase;
   const compare::BisectResult r = bisect::bisect_impl_candidate(m, *cand, !inject.empty(), bo);
   const double total = seconds_since(start);
   json j = {{"seconds", total},
+            {"bisect_seconds", total - candidate_s},
             {"plain_forward_seconds", plain_s},
             {"phases", phases},
             {"compared", r.global.tensors.size()},
@@ -419,6 +421,9 @@ void print_pipeline(const json& r, const std::string& title) {
   const double total = r["seconds"].get<double>(), plain = r["plain_forward_seconds"].get<double>();
   std::printf("  total %.2f s (%.1fx the plain impl forward of the same calls, %.2f s), peak RSS %.2f GB\n", total,
               plain > 0 ? total / plain : 0.0, plain, double(r["peak_rss_bytes"].get<int64_t>()) * 1e-9);
+  // What `llmdiff bisect` of a candidate dump does: every phase after the candidate's own run.
+  if (r.contains("bisect_seconds"))
+    std::printf("  the bisect alone (every phase after the candidate's run) %.2f s\n", r["bisect_seconds"].get<double>());
   std::printf("  %zu names compared, %zu diverging; %zu local sites, %zu failing; exit code %d\n",
               r["compared"].get<size_t>(), r["diverging"].get<size_t>(), r["local_sites"].get<size_t>(),
               r["local_failing"].get<size_t>(), r["exit_code"].get<int>());

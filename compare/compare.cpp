@@ -511,13 +511,37 @@ DiffResult compare_dumps(const TensorSource& ref, const TensorSource& cand, cons
   });
   for (size_t k = 0; k < jobs.size(); ++k) {
     const Job& j = jobs[k];
-    if (j.x.data) {
-      if (numel(j.x.shape) >= kSplitNumel) r.tensors[k] = in_place_comparison(j);
-      continue;
+    if (j.x.data && numel(j.x.shape) >= kSplitNumel) r.tensors[k] = in_place_comparison(j);
+  }
+  // The rest on copies (a criterion such as the noise floor reads a third
+  // and fourth run too): several pairs at a time over the pool, each pair on
+  // one thread, the largest first. Every source is read through const,
+  // thread-safe get().
+  std::vector<std::pair<int64_t, size_t>> copied;  // (elements, job)
+  for (size_t k = 0; k < jobs.size(); ++k) {
+    if (jobs[k].x.data) continue;
+    int64_t n = 0;
+    try {
+      n = numel(cand.shape(jobs[k].name));
+    } catch (const Error&) {
     }
+    copied.emplace_back(n, k);
+  }
+  std::stable_sort(copied.begin(), copied.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  auto on_copies = [&](size_t k) {
+    const Job& j = jobs[k];
     TensorData a = ref.get(j.name), b = cand.get(j.name);
     a.name = b.name = j.name;
     r.tensors[k] = compare_tensors(a, b, j.ctx);
+  };
+  if (copied.size() == 1) {
+    on_copies(copied[0].second);  // its passes spread over the pool
+  } else {
+    pool.parallel_for(int64_t(copied.size()), [&](int64_t t) {
+      const size_t k = copied[size_t(t)].second;
+      jobs[k].ctx.pool = nullptr;  // the pool already runs this pair
+      on_copies(k);
+    });
   }
   for (size_t k = 0; k < r.tensors.size(); ++k)
     if (!r.tensors[k].pass) {

@@ -1,6 +1,7 @@
 #include "compare/diagnose.h"
 #include "compare/batch_fingerprints.h"
 #include "compare/paged_kv.h"
+#include "compare/parallel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +9,9 @@
 #include <cstdlib>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
+#include <unordered_map>
 
 #include "compare/tolerance.h"
 #include "dumps/bugs.h"
@@ -566,6 +569,7 @@ struct Context {
   const LocalReport* local = nullptr;  // the clean local report (null when not computed)
   std::string global_focus, local_focus;
   std::vector<std::string> cand_names;
+  std::vector<const TensorComparison*> cand_cmp;  // the global comparison of each of cand_names (or null)
   std::map<std::string, double> clean_rmse;  // the clean model's run vs the candidate, per name
 };
 
@@ -606,14 +610,24 @@ void replay_evidence(const Context& cx, HypothesisEvidence& e) {
     return;
   }
   e.replayed = true;
+  // Every name's agreement, several names at a time (each reads its own
+  // tensors through const get()); tallied below in canonical order.
+  std::vector<std::optional<Agreement>> agreed(cx.cand_names.size());
+  ThreadPool pool;
+  pool.parallel_for(int64_t(cx.cand_names.size()), [&](int64_t k) {
+    const std::string& name = cx.cand_names[size_t(k)];
+    if (!in.sites.empty() && !any_site_glob_match(in.sites, name)) return;
+    const TensorComparison* cmp = cx.cand_cmp[size_t(k)];
+    if (!cmp || !run->has(name)) return;
+    agreed[size_t(k)] = agreement(run->get(name), in.cand->get(name), cmp, in.dtype);
+  });
   double log_sum = 0;
   int log_n = 0;
-  for (const auto& name : cx.cand_names) {
-    if (!in.sites.empty() && !any_site_glob_match(in.sites, name)) continue;
-    if (!run->has(name)) continue;
-    const TensorComparison* cmp = in.global->find(name);
-    if (!cmp) continue;
-    Agreement ag = agreement(run->get(name), in.cand->get(name), cmp, in.dtype);
+  for (size_t k = 0; k < cx.cand_names.size(); ++k) {
+    if (!agreed[k]) continue;
+    const std::string& name = cx.cand_names[k];
+    const TensorComparison* cmp = cx.cand_cmp[k];
+    Agreement ag = *agreed[k];
     if (!cmp->pass) {
       auto c = cx.clean_rmse.find(name);
       if (c != cx.clean_rmse.end()) {
@@ -769,6 +783,14 @@ Diagnosis diagnose(const DiagnoseInputs& in) {
   if (in.ref) d.fingerprints = fingerprints(cand, *in.ref, *in.global, in.scenario);
   if (in.runner) d.inapplicable = in.runner->inapplicable();
   cx.cand_names = cand.names();
+  {
+    std::unordered_map<std::string, const TensorComparison*> by_name;
+    for (const TensorComparison& t : in.global->tensors) by_name.emplace(t.name, &t);
+    for (const auto& n : cx.cand_names) {
+      auto it = by_name.find(n);
+      cx.cand_cmp.push_back(it == by_name.end() ? nullptr : it->second);
+    }
+  }
 
   // The hypotheses: the runner's (grids included) and values fitted by fingerprints.
   std::vector<Hypothesis> hyps = in.runner ? in.runner->hypotheses() : std::vector<Hypothesis>{};

@@ -1,4 +1,5 @@
 #include "compare/local_error.h"
+#include "compare/parallel.h"
 #include "dumps/rows.h"
 
 #include <algorithm>
@@ -300,30 +301,43 @@ std::optional<LocalSite> judge_site(const std::string& name, const TensorSource&
 
 LocalReport judge_local(const TensorSource& cand, const Recomputed& cand_local, const TensorSource* ref,
                         const Recomputed* ref_local, ComputeDType dtype, const std::vector<std::string>& sites,
-                        SecondNoise* second, RefOnDemand* lazy) {
+                        SecondNoise* second, RefOnDemand* lazy, int threads) {
   LocalReport r;
   r.ran = true;
   r.dtype = dtype;
   const LocalNoise* known = second ? &second->known() : nullptr;
   if (lazy) ref = &lazy->values();
+  // Sites are judged several at a time (each reads its own tensors through
+  // const get()); the report keeps the canonical order.
+  ThreadPool pool(threads);
+  std::vector<std::string> names;
+  for (const auto& name : cand.names())
+    if (sites.empty() || any_site_glob_match(sites, name)) names.push_back(name);
+  std::vector<std::optional<LocalSite>> judged(names.size());
+  std::vector<char> wants(names.size(), 0);
+  pool.parallel_for(int64_t(names.size()), [&](int64_t k) {
+    bool w = false;
+    judged[size_t(k)] = judge_site(names[size_t(k)], cand, cand_local, ref, ref_local, dtype, known, lazy, &w);
+    wants[size_t(k)] = w;
+  });
   std::vector<size_t> wanting;  // sites waiting for the reference's values (lazy)
-  for (const auto& name : cand.names()) {
-    if (!sites.empty() && !any_site_glob_match(sites, name)) continue;
-    bool wants = false;
-    std::optional<LocalSite> s = judge_site(name, cand, cand_local, ref, ref_local, dtype, known, lazy, &wants);
-    if (wants) wanting.push_back(r.sites.size());
-    if (s)
-      r.sites.push_back(std::move(*s));
+  for (size_t k = 0; k < names.size(); ++k) {
+    if (wants[k]) wanting.push_back(r.sites.size());
+    if (judged[k])
+      r.sites.push_back(std::move(*judged[k]));
     else
-      r.not_recomputed.push_back(name);
+      r.not_recomputed.push_back(names[k]);
   }
   // The reference's values where the local error exceeds the floor alone,
   // made now, and those sites judged again.
   if (lazy && !wanting.empty()) {
-    std::vector<std::string> names;
-    for (size_t k : wanting) names.push_back(r.sites[k].name);
-    lazy->need(names);
-    for (size_t k : wanting) r.sites[k] = *judge_site(r.sites[k].name, cand, cand_local, ref, ref_local, dtype, known);
+    std::vector<std::string> asked;
+    for (size_t k : wanting) asked.push_back(r.sites[k].name);
+    lazy->need(asked);
+    pool.parallel_for(int64_t(wanting.size()), [&](int64_t t) {
+      const size_t k = wanting[size_t(t)];
+      r.sites[k] = *judge_site(r.sites[k].name, cand, cand_local, ref, ref_local, dtype, known);
+    });
   }
   // The sites that fail on the reference's noise alone, judged again with
   // the second run's (made for them now).

@@ -206,10 +206,11 @@ class RefOnDemand {
 // names (site globs; empty = all). With `lazy`, the reference's values are
 // lazy->values() (`ref` is not read), made where a verdict needs them
 // (`ref_local` their float64 recompute: the candidate's own, for the
-// reference's ops on its inputs).
+// reference's ops on its inputs). Sites are judged `threads` at a time (0:
+// every core); the report does not depend on it.
 LocalReport judge_local(const TensorSource& cand, const Recomputed& cand_local, const TensorSource* ref,
                         const Recomputed* ref_local, ComputeDType dtype, const std::vector<std::string>& sites = {},
-                        SecondNoise* second = nullptr, RefOnDemand* lazy = nullptr);
+                        SecondNoise* second = nullptr, RefOnDemand* lazy = nullptr, int threads = 0);
 
 // Runs the oracle on the candidate (float64) and on the reference at dtype
 // restricted to the candidate's names (float64), then judge_local. With `h`,

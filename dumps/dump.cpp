@@ -6,9 +6,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
 #include <cstdlib>
 #include <cstring>
 #include <set>
+#include <system_error>
 
 #include "dumps/errors.h"
 
@@ -156,10 +161,20 @@ bool MemoryDump::wants(const std::string& name) const { return globs_.empty() ||
 
 // An unnamed temporary file (unlinked at once: nothing is left behind, even
 // on a crash) that tensors are appended to and read back from.
+//
+// Appends are written by a thread of the file's own: the recording thread
+// copies the values into a buffer (recycled, no fresh pages) and goes on
+// computing, while the writer does the system call and its copy into the
+// page cache, on a core that an engine's BLAS would otherwise spin on between
+// its products. At most kInFlight bytes wait (one larger tensor alone); a
+// read first waits for every queued write. A write error is thrown by the
+// next append or read.
 struct MemoryDump::SpillFile {
+  static constexpr size_t kInFlight = size_t(64) << 20;
   int fd = -1;
   uint64_t end = 0;
   std::string where;
+
   explicit SpillFile(const std::string& dir) {
     std::string d = dir;
     if (d.empty()) {
@@ -173,24 +188,62 @@ struct MemoryDump::SpillFile {
     if (fd < 0) throw IoError(d, std::string("cannot create a temporary file: ") + std::strerror(errno));
     ::unlink(buf.data());
     where = buf.data();
+    try {
+      writer_ = std::thread([this] { write_loop(); });
+    } catch (const std::system_error& e) {
+      ::close(fd);
+      throw IoError(where, std::string("cannot start the spill file's writer: ") + e.what());
+    }
   }
   ~SpillFile() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    work_.notify_all();
+    writer_.join();
     if (fd >= 0) ::close(fd);
   }
   uint64_t append(const void* data, size_t bytes) {
-    const uint64_t at = end;
-    const char* p = static_cast<const char*>(data);
-    size_t done = 0;
-    while (done < bytes) {
-      const ssize_t n = ::pwrite(fd, p + done, bytes - done, off_t(at + done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) throw IoError(where, std::string("cannot write a spilled tensor: ") + std::strerror(errno));
-      done += size_t(n);
+    std::vector<char> buf;
+    uint64_t at = 0;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      done_.wait(lock, [&] { return !error_.empty() || queued_ == 0 || queued_ + bytes <= kInFlight; });
+      if (!error_.empty()) throw IoError(where, error_);
+      at = end;
+      end += bytes;
+      queued_ += bytes;  // counted now: a read waits for it from here on
+      // A recycled buffer large enough, else a new one.
+      for (auto it = free_.begin(); it != free_.end(); ++it)
+        if (it->capacity() >= bytes) {
+          buf = std::move(*it);
+          free_.erase(it);
+          break;
+        }
     }
-    end += bytes;
+    try {
+      buf.resize(bytes);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu_);
+      queued_ -= bytes;
+      done_.notify_all();
+      throw;
+    }
+    if (bytes) std::memcpy(buf.data(), data, bytes);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back({at, std::move(buf)});
+    }
+    work_.notify_one();
     return at;
   }
   void read(uint64_t at, void* data, size_t bytes) const {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      done_.wait(lock, [&] { return !error_.empty() || queued_ == 0; });
+      if (!error_.empty()) throw IoError(where, error_);
+    }
     char* p = static_cast<char*>(data);
     size_t done = 0;
     while (done < bytes) {
@@ -200,6 +253,48 @@ struct MemoryDump::SpillFile {
       done += size_t(n);
     }
   }
+
+ private:
+  struct Pending {
+    uint64_t at;
+    std::vector<char> data;
+  };
+  void write_loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      work_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (stop_) return;  // the file goes: what is queued is not needed
+      Pending w = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      std::string failed;
+      size_t done = 0;
+      while (done < w.data.size()) {
+        const ssize_t n = ::pwrite(fd, w.data.data() + done, w.data.size() - done, off_t(w.at + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+          failed = std::string("cannot write a spilled tensor: ") + std::strerror(n < 0 ? errno : ENOSPC);
+          break;
+        }
+        done += size_t(n);
+      }
+      lock.lock();
+      if (!failed.empty() && error_.empty()) error_ = failed;
+      queued_ -= w.data.size();
+      size_t kept = 0;
+      for (const auto& b : free_) kept += b.capacity();
+      if (kept + w.data.capacity() <= kInFlight) free_.push_back(std::move(w.data));
+      done_.notify_all();
+    }
+  }
+  mutable std::mutex mu_;
+  mutable std::condition_variable work_, done_;
+  std::deque<Pending> queue_;
+  std::vector<std::vector<char>> free_;
+  size_t queued_ = 0;
+  std::string error_;
+  bool stop_ = false;
+  std::thread writer_;
 };
 
 void MemoryDump::spill(const std::string& dir) {

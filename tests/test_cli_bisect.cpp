@@ -633,6 +633,68 @@ TEST_P(BisectClean, TheReferencesLocalNoiseIsItsOpOnTheCandidatesInputsWhereNeed
   }
 }
 
+// The global comparison and the local verdicts judge several names at a
+// time: for a candidate with a bug (thousands of diverging names, layout
+// explanations, lazily made reference noise) every result is the one a
+// single thread gives, field by field, in canonical order.
+TEST_P(BisectClean, ComparisonAndLocalVerdictsDoNotDependOnTheThreadCount) {
+  const std::string model = GetParam();
+  const bisect::ModelOracles& m = oracles(model);
+  const Scenario sc = golden_scenario(model);
+  std::unique_ptr<MemoryDump> bugged = impl_candidate(m, sc, {rope_bug(m.model.config)});
+  std::vector<std::string> wanted = bugged->names();
+  const std::shared_ptr<MemoryDump> ref = m.reference.run(sc, ComputeDType::Float32, wanted);
+  const std::shared_ptr<MemoryDump> truth = m.reference.run(sc, ComputeDType::Float64, wanted);
+  std::unique_ptr<MemoryDump> clean = impl_candidate(m, sc, {});
+  const std::shared_ptr<const TensorSource> second(clean.get(), [](const TensorSource*) {});
+  auto criterion = std::make_shared<compare::NoiseFloorCriterion>(truth, ComputeDType::Float32, second);
+  criterion->set_reference(ref);
+  auto cand_local = m.oracle.recompute(*bugged, ComputeDType::Float64);
+  std::vector<compare::DiffResult> global;
+  std::vector<compare::LocalReport> local;
+  for (int threads : {1, 3}) {
+    compare::CompareOptions co;
+    co.dtype = ComputeDType::Float32;
+    co.criterion = criterion;
+    co.threads = threads;
+    global.push_back(compare::compare_dumps(*ref, *bugged, co));
+    compare::RefOnDemand lazy([&](const std::vector<std::string>& sites) {
+      return m.oracle.recompute(*bugged, ComputeDType::Float32, nullptr, &sites);
+    });
+    local.push_back(compare::judge_local(*bugged, *cand_local, nullptr, cand_local.get(), ComputeDType::Float32, {},
+                                         nullptr, &lazy, threads));
+  }
+  const compare::DiffResult &g1 = global[0], &g3 = global[1];
+  ASSERT_EQ(g1.tensors.size(), g3.tensors.size());
+  EXPECT_GT(g1.failing(), 0u);
+  EXPECT_EQ(g1.first_divergence, g3.first_divergence);
+  for (size_t k = 0; k < g1.tensors.size(); ++k) {
+    const compare::TensorComparison &a = g1.tensors[k], &b = g3.tensors[k];
+    EXPECT_EQ(a.name, b.name);
+    EXPECT_EQ(a.pass, b.pass) << a.name;
+    EXPECT_EQ(a.judgement.value, b.judgement.value) << a.name;
+    EXPECT_EQ(a.judgement.threshold, b.judgement.threshold) << a.name;
+    EXPECT_EQ(a.metrics.rmse, b.metrics.rmse) << a.name;
+    EXPECT_EQ(a.notes, b.notes) << a.name;
+    EXPECT_EQ(a.findings.size(), b.findings.size()) << a.name;
+  }
+  const compare::LocalReport &l1 = local[0], &l3 = local[1];
+  ASSERT_EQ(l1.sites.size(), l3.sites.size());
+  EXPECT_GT(l1.failing(), 0u);
+  EXPECT_EQ(l1.first_failure, l3.first_failure);
+  EXPECT_EQ(l1.not_recomputed, l3.not_recomputed);
+  for (size_t k = 0; k < l1.sites.size(); ++k) {
+    const compare::LocalSite &a = l1.sites[k], &b = l3.sites[k];
+    EXPECT_EQ(a.name, b.name);
+    EXPECT_EQ(a.pass, b.pass) << a.name;
+    EXPECT_EQ(a.within_floor, b.within_floor) << a.name;
+    EXPECT_EQ(a.note, b.note) << a.name;
+    EXPECT_EQ(a.noise.cand_rmse, b.noise.cand_rmse) << a.name;
+    EXPECT_EQ(a.noise.ref_rmse, b.noise.ref_rmse) << a.name;
+    EXPECT_EQ(a.max_abs, b.max_abs) << a.name;
+  }
+}
+
 // The clean run's local noise is recomputed only at the sites that fail on
 // the reference's noise alone: every verdict, note and first failure is the
 // one the whole clean run's recompute gives, for a candidate with a bug and

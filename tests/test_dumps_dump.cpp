@@ -2,10 +2,14 @@
 // consistency) and the dump containers: DumpFile, MemoryDump, DumpWriter,
 // globs, TeeObserver, Manifest.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+
+#include <csignal>
 
 #include <cstring>
 #include <filesystem>
 #include <numeric>
+#include <thread>
 
 #include "dumps/config.h"
 #include "dumps/dump.h"
@@ -376,6 +380,68 @@ TEST(MemoryDump, SpilledTensorsReadBackAndLeaveNoFile) {
   EXPECT_EQ(back.get("step0.embed").f, replaced.f);
   EXPECT_THROW(m.get("step0.mask"), MissingTensorError);
   EXPECT_THROW(MemoryDump("x").spill(dir + "/no/such/dir"), IoError);
+}
+
+// The spill file's writer runs beside the recording thread: more than its
+// in-flight bytes queued (one tensor larger than all of them), reads right
+// after appends and from several threads at once give back every value; a
+// write that fails (the file size limit) is an IoError at the next read and
+// append, not values that were never written.
+TEST(MemoryDump, SpilledWritesQueuedBesideTheRecorderReadBack) {
+  DumpFile golden(golden_dump("llama-gqa", "decode"));
+  MemoryDump m("spilled");
+  m.spill();
+  std::vector<std::string> names;
+  for (int copy = 0; copy < 40; ++copy)
+    for (const auto& n : golden.names()) {
+      const TensorData t = golden.get(n);
+      const std::string name = "c" + std::to_string(copy) + "." + n;
+      if (t.is_int) {
+        m.on_i64(name, t.shape, t.i.data());
+      } else {
+        m.on_f32(name, t.shape, t.f.data());
+      }
+      names.push_back(name);
+      if (copy == 3) {
+        EXPECT_EQ(m.get(name).f, t.f) << name;  // read at once
+      }
+    }
+  std::vector<float> big(size_t(24) << 20);  // 96 MB: more than the writer queues
+  for (size_t k = 0; k < big.size(); ++k) big[k] = float(k % 1000003);
+  m.on_f32("big", {int64_t(big.size())}, big.data());
+  EXPECT_EQ(m.get("big").f, big);
+  std::vector<std::thread> readers;
+  std::vector<int> wrong(4, 0);
+  for (int r = 0; r < 4; ++r)
+    readers.emplace_back([&, r] {
+      for (size_t k = size_t(r); k < names.size(); k += 4) {
+        const std::string n = names[k].substr(names[k].find('.') + 1);
+        const TensorData x = golden.get(n), y = m.get(names[k]);
+        if (x.f != y.f || x.i != y.i) ++wrong[size_t(r)];
+      }
+    });
+  for (auto& t : readers) t.join();
+  EXPECT_EQ(wrong, std::vector<int>(4, 0));
+
+  // A write past the file size limit fails in the writer.
+  struct rlimit old {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old;
+  small.rlim_cur = 1 << 20;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  MemoryDump limited("limited");
+  limited.spill();
+  const std::vector<float> two_mb(size_t(1) << 19, 1.0f);
+  limited.on_f32("a", {int64_t(two_mb.size())}, two_mb.data());
+  try {
+    limited.get("a");
+    ADD_FAILURE() << "a write past the size limit read back";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot write a spilled tensor"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(limited.on_f32("b", {1}, two_mb.data()), IoError);
+  ::setrlimit(RLIMIT_FSIZE, &old);
 }
 
 // Pages handed back to the kernel read again as the same bytes.
