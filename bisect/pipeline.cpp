@@ -16,6 +16,7 @@
 #include "dumps/errors.h"
 #include "dumps/names.h"
 #include "dumps/sequences.h"
+#include "dumps/threads.h"
 #include "dumps/bugs.h"
 #include "impl/impl_engine.h"
 #include "ref/ops.h"
@@ -165,6 +166,12 @@ std::unique_ptr<MemoryDump> RefRunner::run(const Scenario& sc, ComputeDType dtyp
   return dump;
 }
 
+int RefRunner::threads() const { return resolve_threads(threads_); }
+
+std::unique_ptr<compare::ReferenceRunner> RefRunner::with_threads(int threads) const {
+  return std::make_unique<RefRunner>(model_, dir_, threads);
+}
+
 std::string RefRunner::describe() const {
   return "llmdiff ref (libtorch, HF transformers 4.51.3 eager numerics) on " + dir_;
 }
@@ -235,6 +242,10 @@ std::unique_ptr<MemoryDump> ImplHypothesisRunner::run(const compare::Hypothesis&
   return dump;
 }
 
+std::unique_ptr<compare::HypothesisRunner> ImplHypothesisRunner::with_threads(int threads) const {
+  return std::make_unique<ImplHypothesisRunner>(model_, threads, precision_);
+}
+
 std::optional<double> ImplHypothesisRunner::configured(const std::string& bug) const {
   const zoo::BugInfo* info = zoo::find_bug(bug);
   if (!info || !info->takes_value()) return std::nullopt;
@@ -302,6 +313,10 @@ std::vector<int> RefLocalOracle::layer_kinds() const {
   for (int64_t l = 0; l < model_.config.num_hidden_layers; ++l)
     kinds.push_back(model_.config.moe.is_moe_layer(l) ? 1 : 0);
   return kinds;
+}
+
+std::unique_ptr<compare::LocalOracle> RefLocalOracle::with_threads(int threads) const {
+  return std::make_unique<RefLocalOracle>(model_, threads);
 }
 
 bool RefLocalOracle::supports(const compare::Hypothesis& h) const {

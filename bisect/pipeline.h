@@ -31,6 +31,8 @@ class RefRunner : public compare::ReferenceRunner {
                                   const std::vector<std::string>& wanted = {}) const override;
   std::string describe() const override;
   std::optional<ComputeDType> weights_dtype() const override;
+  int threads() const override;
+  std::unique_ptr<compare::ReferenceRunner> with_threads(int threads) const override;
 
  private:
   const Model& model_;
@@ -46,6 +48,7 @@ class RefLocalOracle : public compare::LocalOracle {
                                                  const compare::Hypothesis* h = nullptr,
                                                  const std::vector<std::string>* only = nullptr) const override;
   bool supports(const compare::Hypothesis& h) const override;
+  std::unique_ptr<compare::LocalOracle> with_threads(int threads) const override;
   std::vector<int> layer_kinds() const override;
   std::optional<std::vector<float>> transposed_weight(const TensorSource& dump,
                                                       const std::string& name) const override;
@@ -68,6 +71,7 @@ class ImplHypothesisRunner : public compare::HypothesisRunner {
   std::string parameter(const std::string& bug) const override;
   std::string description(const std::string& bug) const override;
   bool acts_in(const std::string& bug, const Scenario& sc) const override;
+  std::unique_ptr<compare::HypothesisRunner> with_threads(int threads) const override;
 
  private:
   const Model& model_;

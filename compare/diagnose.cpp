@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <future>
 #include <limits>
 #include <map>
 #include <optional>
@@ -1072,25 +1073,71 @@ BisectResult bisect_source(const TensorSource& cand, const WindowSource* view, c
     wanted.push_back("step*.next_logits");
   }
   // The clean hypothesis run: a second honest implementation for the noise
-  // floor, and the baseline of the diagnosis (first: the BLAS threads of the
-  // reference runs would compete with its own).
+  // floor, and the baseline of the diagnosis. Alone, it runs first (the BLAS
+  // threads of the reference runs would compete with its own).
+  //
+  // Independent passes run in pairs, each on part of the cores, when the
+  // runners can be split (on 2 cores a pass alone leaves one idle through
+  // its serial work): the clean run beside the reference at the candidate's
+  // dtype, the float64 truth beside the candidate's local recompute.
+  const int threads = reference.threads();
+  const int half = threads / 2, rest = threads - threads / 2;
   std::shared_ptr<const TensorSource> clean = opt.clean;
-  if (!clean && hypotheses && (opt.noise_floor || opt.diagnose)) {
+  std::string clean_failed;
+  auto run_clean = [&](const HypothesisRunner& h) {
     try {
-      clean = hypotheses->run(Hypothesis{}, r.scenario, cand.names());
-      done("clean run of the hypothesis engine");
+      clean = h.run(Hypothesis{}, r.scenario, cand.names());
     } catch (const Error& e) {
-      r.notes.push_back(std::string("the clean hypothesis engine could not replay the candidate: ") + e.what());
+      clean_failed = std::string("the clean hypothesis engine could not replay the candidate: ") + e.what();
     }
+  };
+  const bool make_clean = !clean && hypotheses && (opt.noise_floor || opt.diagnose);
+  std::unique_ptr<ReferenceRunner> ref_part = half > 0 ? reference.with_threads(half) : nullptr;
+  std::unique_ptr<HypothesisRunner> clean_part = make_clean && ref_part ? hypotheses->with_threads(rest) : nullptr;
+  std::shared_ptr<MemoryDump> ref;
+  const std::string ref_phase = std::string("reference run in ") + compute_dtype_name(r.dtype);
+  if (clean_part) {
+    std::future<void> other = std::async(std::launch::async, [&] { run_clean(*clean_part); });
+    try {
+      ref = ref_part->run(r.scenario, r.dtype, wanted);
+    } catch (...) {
+      other.wait();
+      throw;
+    }
+    other.get();
+    done("clean run of the hypothesis engine beside the " + ref_phase);
+  } else {
+    if (make_clean) {
+      run_clean(*hypotheses);
+      if (clean_failed.empty()) done("clean run of the hypothesis engine");
+    }
+    ref = reference.run(r.scenario, r.dtype, wanted);
+    done(ref_phase);
   }
-  std::shared_ptr<MemoryDump> ref = reference.run(r.scenario, r.dtype, wanted);
-  done(std::string("reference run in ") + compute_dtype_name(r.dtype));
+  if (!clean_failed.empty()) r.notes.push_back(clean_failed);
   CompareOptions co = opt.compare;
   co.dtype = r.dtype;
   std::shared_ptr<MemoryDump> truth;
+  std::unique_ptr<Recomputed> cand_local;
+  const bool local = opt.local && oracle;
   if (opt.noise_floor) {
-    truth = reference.run(r.scenario, ComputeDType::Float64, wanted);
-    done("reference run in float64");
+    std::unique_ptr<LocalOracle> oracle_part = local && half > 0 ? oracle->with_threads(half) : nullptr;
+    std::unique_ptr<ReferenceRunner> truth_part = oracle_part ? reference.with_threads(rest) : nullptr;
+    if (truth_part) {
+      std::future<std::unique_ptr<Recomputed>> other =
+          std::async(std::launch::async, [&] { return oracle_part->recompute(cand, ComputeDType::Float64); });
+      try {
+        truth = truth_part->run(r.scenario, ComputeDType::Float64, wanted);
+      } catch (...) {
+        other.wait();
+        throw;
+      }
+      cand_local = other.get();
+      done("reference run in float64 beside the local recompute of the candidate");
+    } else {
+      truth = reference.run(r.scenario, ComputeDType::Float64, wanted);
+      done("reference run in float64");
+    }
     auto criterion = std::make_shared<NoiseFloorCriterion>(truth, r.dtype, clean);
     criterion->set_reference(ref);
     co.criterion = criterion;
@@ -1150,10 +1197,9 @@ BisectResult bisect_source(const TensorSource& cand, const WindowSource* view, c
   // candidate's dtype, from the same inputs, made where a verdict needs them.
   // The reference's local noise at a site is ref_ops against cand_local: the
   // rounding the reference makes on the very inputs judged.
-  std::unique_ptr<Recomputed> cand_local;
   std::optional<RefOnDemand> ref_ops;
   SecondNoise second_local;
-  if (opt.local && oracle) {
+  if (local) {
     // A run's own values (those of the candidate's names, or only `names`)
     // recomputed from themselves; a shard's run also read the candidate's
     // inputs (tokens, the boundary).
@@ -1161,8 +1207,10 @@ BisectResult bisect_source(const TensorSource& cand, const WindowSource* view, c
       return view ? oracle->recompute(WithShardInputs(run, *view), ComputeDType::Float64, nullptr, names)
                   : oracle->recompute(run, ComputeDType::Float64, nullptr, names);
     };
-    cand_local = oracle->recompute(cand, ComputeDType::Float64);
-    done("local recompute of the candidate");
+    if (!cand_local) {
+      cand_local = oracle->recompute(cand, ComputeDType::Float64);
+      done("local recompute of the candidate");
+    }
     const ComputeDType dtype = r.dtype;
     ref_ops.emplace([&cand, &done, oracle, dtype](const std::vector<std::string>& names) {
       std::unique_ptr<Recomputed> made = oracle->recompute(cand, dtype, nullptr, &names);

@@ -46,6 +46,12 @@ class ReferenceRunner {
   // nullopt when float32: an engine that computes with them may round its
   // matmul inputs to it whatever its manifest says.
   virtual std::optional<ComputeDType> weights_dtype() const { return std::nullopt; }
+  // The threads a run uses, and a copy of the runner that uses `threads`
+  // instead (nullptr: it cannot be split). Two independent passes then run
+  // beside each other, each on part of the cores: one pass's serial work
+  // leaves a core idle that the other fills.
+  virtual int threads() const { return 1; }
+  virtual std::unique_ptr<ReferenceRunner> with_threads(int threads) const { return nullptr; }
 };
 
 // Runs the model with one bug hypothesis switched on.
@@ -72,6 +78,8 @@ class HypothesisRunner {
   // Whether the bug can change anything in `sc` (one that acts only on a
   // left-padded row does nothing without padding: not worth a replay).
   virtual bool acts_in(const std::string& bug, const Scenario& sc) const { return true; }
+  // A copy of the runner on `threads` threads (nullptr: it cannot be split).
+  virtual std::unique_ptr<HypothesisRunner> with_threads(int threads) const { return nullptr; }
 };
 
 // The evidence gathered for one hypothesis.

@@ -58,6 +58,8 @@ class LocalOracle {
                                                 const std::vector<std::string>* only = nullptr) const = 0;
   // Whether recompute() can run the ops under `h`.
   virtual bool supports(const Hypothesis& h) const = 0;
+  // A copy of the oracle on `threads` threads (nullptr: it cannot be split).
+  virtual std::unique_ptr<LocalOracle> with_threads(int threads) const { return nullptr; }
   // A key per decoder layer: layers with equal keys run the same ops (a
   // dense or a MoE block), so a hypothesis changes the same sites in each.
   // Empty: unknown (every layer is recomputed under a hypothesis).

@@ -113,7 +113,7 @@ void use_threads(int threads, ComputeDType dtype) {
   using SetThreads = void (*)(int);
   static const auto openblas = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
   const bool blas_bound = dtype == ComputeDType::Float32 || dtype == ComputeDType::Float64;
-  if (openblas && threads > 1 && blas_bound) {
+  if (openblas && blas_bound) {  // one thread too: a pass beside another calls BLAS from its own thread
     at::set_num_threads(1);
     openblas(threads);
   } else {

@@ -695,6 +695,44 @@ TEST_P(BisectClean, ComparisonAndLocalVerdictsDoNotDependOnTheThreadCount) {
   }
 }
 
+// On two threads the bisect runs its independent passes in pairs, one thread
+// each (the clean run beside the reference, the float64 truth beside the
+// candidate's local recompute): the findings are those of the passes one
+// after the other on one thread.
+TEST_P(BisectClean, PassesRunBesideEachOtherFindWhatTheyFindOneAfterTheOther) {
+  const std::string model = GetParam();
+  const bisect::ModelOracles& one = oracles(model);
+  const bisect::ModelOracles two(golden_model(model), 2);
+  const Scenario sc = golden_scenario(model);
+  std::unique_ptr<MemoryDump> bugged = impl_candidate(one, sc, {rope_bug(one.model.config)});
+  std::vector<std::string> phases;
+  compare::BisectOptions o;
+  const BisectResult a = bisect::bisect_candidate(one, *bugged, o);
+  o.progress = [&](const std::string& p) { phases.push_back(p); };
+  const BisectResult b = bisect::bisect_candidate(two, *bugged, o);
+  auto beside = [&](const std::string& what) {
+    return std::count_if(phases.begin(), phases.end(), [&](const std::string& p) {
+      return p.find(" beside the ") != std::string::npos && p.find(what) != std::string::npos;
+    });
+  };
+  EXPECT_EQ(beside("clean run of the hypothesis engine"), 1) << describe(b);
+  EXPECT_EQ(beside("local recompute of the candidate"), 1) << describe(b);
+  EXPECT_EQ(a.exit_code(), b.exit_code());
+  EXPECT_EQ(a.first_divergence(), b.first_divergence());
+  EXPECT_EQ(a.first_local_failure(), b.first_local_failure());
+  EXPECT_EQ(a.localised_at(), b.localised_at());
+  ASSERT_TRUE(a.diagnosis.bug && b.diagnosis.bug) << describe(a) << "\n" << describe(b);
+  EXPECT_EQ(a.diagnosis.bug->str(), b.diagnosis.bug->str());
+  EXPECT_EQ(a.global.failing(), b.global.failing());
+  EXPECT_EQ(a.local.failing(), b.local.failing());
+  EXPECT_EQ(a.second_noise, b.second_noise);
+  ASSERT_EQ(a.local.sites.size(), b.local.sites.size());
+  for (size_t k = 0; k < a.local.sites.size(); ++k) {
+    EXPECT_EQ(a.local.sites[k].name, b.local.sites[k].name);
+    EXPECT_EQ(a.local.sites[k].pass, b.local.sites[k].pass) << a.local.sites[k].name;
+  }
+}
+
 // The clean run's local noise is recomputed only at the sites that fail on
 // the reference's noise alone: every verdict, note and first failure is the
 // one the whole clean run's recompute gives, for a candidate with a bug and
