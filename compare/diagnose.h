@@ -47,9 +47,10 @@ class ReferenceRunner {
   // matmul inputs to it whatever its manifest says.
   virtual std::optional<ComputeDType> weights_dtype() const { return std::nullopt; }
   // The threads a run uses, and a copy of the runner that uses `threads`
-  // instead (nullptr: it cannot be split). Two independent passes then run
-  // beside each other, each on part of the cores: one pass's serial work
-  // leaves a core idle that the other fills.
+  // instead (nullptr: it cannot be split, or splitting does not pay for this
+  // model). Two independent passes then run beside each other, each on part
+  // of the cores: one pass's serial work leaves a core idle that the other
+  // fills.
   virtual int threads() const { return 1; }
   virtual std::unique_ptr<ReferenceRunner> with_threads(int threads) const { return nullptr; }
 };

@@ -167,8 +167,8 @@ bool MemoryDump::wants(const std::string& name) const { return globs_.empty() ||
 // computing, while the writer does the system call and its copy into the
 // page cache, on a core that an engine's BLAS would otherwise spin on between
 // its products. At most kInFlight bytes wait (one larger tensor alone); a
-// read first waits for every queued write. A write error is thrown by the
-// next append or read.
+// read first waits for every queued write (and hands the recycled buffers
+// back). A write error is thrown by the next append or read.
 struct MemoryDump::SpillFile {
   static constexpr size_t kInFlight = size_t(64) << 20;
   int fd = -1;
@@ -243,6 +243,7 @@ struct MemoryDump::SpillFile {
       std::unique_lock<std::mutex> lock(mu_);
       done_.wait(lock, [&] { return !error_.empty() || queued_ == 0; });
       if (!error_.empty()) throw IoError(where, error_);
+      std::vector<std::vector<char>>().swap(free_);  // recording is over: its buffers go back
     }
     char* p = static_cast<char*>(data);
     size_t done = 0;
@@ -290,7 +291,7 @@ struct MemoryDump::SpillFile {
   mutable std::mutex mu_;
   mutable std::condition_variable work_, done_;
   std::deque<Pending> queue_;
-  std::vector<std::vector<char>> free_;
+  mutable std::vector<std::vector<char>> free_;
   size_t queued_ = 0;
   std::string error_;
   bool stop_ = false;
