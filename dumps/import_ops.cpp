@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "dumps/dtype.h"
@@ -93,9 +95,15 @@ class Parser {
       return v;
     }
     if (p_ < t_.size() && (std::isdigit(static_cast<unsigned char>(t_[p_])) || t_[p_] == '.')) {
-      size_t used = 0;
-      const double v = std::stod(t_.substr(p_), &used);
-      p_ += used;
+      // strtod, not stod: a lone '.' or a number past double's range is the
+      // expression's error, not an exception of the standard library.
+      const std::string rest = t_.substr(p_);
+      char* end = nullptr;
+      errno = 0;
+      const double v = std::strtod(rest.c_str(), &end);
+      if (end == rest.c_str()) fail("a number expected at '" + rest.substr(0, 8) + "'");
+      if (errno == ERANGE && std::isinf(v)) fail("number out of range: '" + rest.substr(0, size_t(end - rest.c_str())) + "'");
+      p_ += size_t(end - rest.c_str());
       return v;
     }
     size_t e = p_;

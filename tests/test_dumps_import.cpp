@@ -126,6 +126,11 @@ TEST(ImportOps, Expressions) {
   EXPECT_THROW(eval_expr("Dh/(T-5)", s), UsageError);
   EXPECT_THROW(eval_expr("2 +", s), UsageError);
   EXPECT_THROW(eval_int("Dh/3", s), UsageError);
+  // Numbers: a lone '.' and one past double's range are the expression's errors.
+  EXPECT_DOUBLE_EQ(eval_expr(".5 + 1e-3", s), 0.501);
+  EXPECT_THROW(eval_expr(".", s), UsageError);
+  EXPECT_THROW(eval_expr("T > .x", s), UsageError);
+  EXPECT_THROW(eval_expr("1e999", s), UsageError);
 }
 
 TEST(ImportPattern, CapturesDigits) {
