@@ -1048,6 +1048,20 @@ void explain_by_ring_wrap(BisectResult& r, const TensorSource& cand) {
 
 namespace {
 
+// `mine` on this thread while `other` runs on a thread of its own; returns
+// other's result. An exception of either is thrown once both are done.
+template <class Mine, class Other>
+auto beside(Mine&& mine, Other&& other) {
+  auto theirs = std::async(std::launch::async, std::forward<Other>(other));
+  try {
+    mine();
+  } catch (...) {
+    theirs.wait();
+    throw;
+  }
+  return theirs.get();
+}
+
 // bisect() of `cand` (a shard's view of the candidate when `window` is not
 // the whole model).
 BisectResult bisect_source(const TensorSource& cand, const WindowSource* view, const LayerWindow& window,
@@ -1097,14 +1111,7 @@ BisectResult bisect_source(const TensorSource& cand, const WindowSource* view, c
   std::shared_ptr<MemoryDump> ref;
   const std::string ref_phase = std::string("reference run in ") + compute_dtype_name(r.dtype);
   if (clean_part) {
-    std::future<void> other = std::async(std::launch::async, [&] { run_clean(*clean_part); });
-    try {
-      ref = ref_part->run(r.scenario, r.dtype, wanted);
-    } catch (...) {
-      other.wait();
-      throw;
-    }
-    other.get();
+    beside([&] { ref = ref_part->run(r.scenario, r.dtype, wanted); }, [&] { run_clean(*clean_part); });
     done("clean run of the hypothesis engine beside the " + ref_phase);
   } else {
     if (make_clean) {
@@ -1124,15 +1131,8 @@ BisectResult bisect_source(const TensorSource& cand, const WindowSource* view, c
     std::unique_ptr<LocalOracle> oracle_part = local && half > 0 ? oracle->with_threads(half) : nullptr;
     std::unique_ptr<ReferenceRunner> truth_part = oracle_part ? reference.with_threads(rest) : nullptr;
     if (truth_part) {
-      std::future<std::unique_ptr<Recomputed>> other =
-          std::async(std::launch::async, [&] { return oracle_part->recompute(cand, ComputeDType::Float64); });
-      try {
-        truth = truth_part->run(r.scenario, ComputeDType::Float64, wanted);
-      } catch (...) {
-        other.wait();
-        throw;
-      }
-      cand_local = other.get();
+      cand_local = beside([&] { truth = truth_part->run(r.scenario, ComputeDType::Float64, wanted); },
+                          [&] { return oracle_part->recompute(cand, ComputeDType::Float64); });
       done("reference run in float64 beside the local recompute of the candidate");
     } else {
       truth = reference.run(r.scenario, ComputeDType::Float64, wanted);
