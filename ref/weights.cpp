@@ -178,9 +178,12 @@ torch::Tensor LayerByLayerWeights::head(const torch::Tensor& x, bool embed_matri
   torch::Tensor W = whole(v, embed_matrix || tied ? embed_whole_ : head_whole_);
   if (W.defined()) return ops::linear(x, W, {});  // [T, V]
   // A block of vocabulary rows at a time: each output column is the same dot
-  // product over D as in one product.
+  // product over D as in one product. Blocks of at most 64 MiB: each
+  // converted block's buffer is the next one's (ref/block_cache.h), and two
+  // passes side by side hold a block each, not a quarter of a GB each.
   const int64_t V = v.shape[0], D = v.shape[1];
-  const int64_t block = std::max<int64_t>(1, whole_limit_ / (D * int64_t(c10::elementSize(st_))));
+  const int64_t block_bytes = std::min(whole_limit_, int64_t(64) << 20);
+  const int64_t block = std::max<int64_t>(1, block_bytes / (D * int64_t(c10::elementSize(st_))));
   std::vector<torch::Tensor> parts;
   for (int64_t r = 0; r < V; r += block) {
     const int64_t n = std::min(block, V - r);
