@@ -119,33 +119,30 @@ TEST(BlockCache, ThreadsAllocatingAndFreeingTogetherLeaveItConsistent) {
 // allocator and then with a BlockCache serving every buffer (a block freed
 // by one op reused by the next, holding its old values): the same bits.
 TEST(BlockCache, RefNumbersUnchangedWhenEveryBufferComesFromTheCache) {
-  std::vector<MemoryDump> before;
   std::vector<Model> models;
-  for (const auto& m : testing::golden_models()) {
-    models.push_back(Model::load(testing::golden_model(m)));
-    const DumpFile golden(testing::golden_dump(m, "decode"));
+  for (const auto& m : testing::golden_models()) models.push_back(Model::load(testing::golden_model(m)));
+  // The golden decode scenario of models[k] through the ref, as HF ran it.
+  auto run = [&](size_t k, const std::string& label) {
+    const DumpFile golden(testing::golden_dump(testing::golden_models()[k], "decode"));
     ref::RefOptions opt;
     opt.threads = 1;
     opt.dtype = ComputeDType::Float32;
-    auto engine = ref::make_ref_engine(models.back(), opt);
-    before.emplace_back("default allocator");
-    run_scenario(*engine, replay_scenario(golden), before.back());
-  }
+    auto engine = ref::make_ref_engine(models[k], opt);
+    MemoryDump out(label);
+    run_scenario(*engine, replay_scenario(golden), out);
+    return out;
+  };
+  std::vector<MemoryDump> before;
+  for (size_t k = 0; k < models.size(); ++k) before.push_back(run(k, "default allocator"));
   // Installed for the rest of this process (each test runs alone).
   static ref::BlockCache cache(64 * kMiB, /*min_block=*/1);
   c10::SetCPUAllocator(&cache, /*priority=*/2);
   const torch::Tensor probe = torch::empty({1000});
   EXPECT_GE(cache.stats().mapped, 1);
-  size_t k = 0;
-  for (const auto& m : testing::golden_models()) {
-    const DumpFile golden(testing::golden_dump(m, "decode"));
-    ref::RefOptions opt;
-    opt.threads = 1;
-    opt.dtype = ComputeDType::Float32;
-    auto engine = ref::make_ref_engine(models[k], opt);
-    MemoryDump after("block cache");
-    run_scenario(*engine, replay_scenario(golden), after);
-    const MemoryDump& was = before[k++];
+  for (size_t k = 0; k < models.size(); ++k) {
+    const std::string& m = testing::golden_models()[k];
+    const MemoryDump after = run(k, "block cache");
+    const MemoryDump& was = before[k];
     ASSERT_EQ(after.names(), was.names()) << m;
     for (const auto& n : was.names()) {
       const TensorData a = after.get(n), b = was.get(n);
