@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -21,6 +22,7 @@
 #include "dumps/engine.h"
 #include "dumps/errors.h"
 #include "dumps/gguf.h"
+#include "dumps/blas_core.h"
 #include "dumps/bugs.h"
 #include "dumps/threads.h"
 #include "dumps/weights.h"
@@ -37,6 +39,16 @@ using bisect::EngineOptions;
 using bisect::make_engine;
 using bisect::make_manifest;
 using nlohmann::json;
+
+// What the figures depend on besides the code: the CPU, and the BLAS kernels
+// libtorch's float32/float64 products run on (dumps/blas_core.h).
+void print_machine() {
+  const std::string cpu = cpu_name(), blas = blas_config();
+  const char* forced = std::getenv("OPENBLAS_CORETYPE");
+  std::printf("cpu: %s; BLAS: %s%s%s\n", cpu.empty() ? "unknown" : cpu.c_str(),
+              blas.empty() ? "not OpenBLAS" : blas.c_str(), forced && *forced ? ", OPENBLAS_CORETYPE=" : "",
+              forced && *forced ? forced : "");
+}
 
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -631,6 +643,8 @@ int run_bench(const BenchOptions& o) {
               {"decode", o.decode},
               {"repeats", o.repeats},
               {"threads", bw.threads},
+              {"cpu", cpu_name()},
+              {"blas", blas_config()},
               {"bandwidth", {{"best_gbs", bw.best_gbs}, {"all_gbs", bw.all_gbs}, {"buffer_bytes", bw.buffer_bytes}}},
               {"engines", rows}};
     if (o.e2e) j["e2e"] = e2e;
@@ -646,6 +660,7 @@ int run_bench(const BenchOptions& o) {
               (long long)c.vocab_size, c.tie_word_embeddings ? ", tied" : "");
   std::printf("weights: %.3f B parameters, %.2f GB %s\n", double(facts.params) * 1e-9, double(facts.weight_bytes) * 1e-9,
               facts.storage_label.c_str());
+  print_machine();
   if (!rows.empty())
     std::printf("run: prompt %d tokens, decode %d tokens, %d repeat%s, %d thread%s\n", o.prompt, o.decode,
                 o.repeats, o.repeats == 1 ? "" : "s", bw.threads, bw.threads == 1 ? "" : "s");

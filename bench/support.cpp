@@ -80,6 +80,25 @@ BandwidthResult measure_read_bandwidth(int threads, size_t bytes, int repeats) {
   return r;
 }
 
+std::string cpu_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, name, family, model;
+  auto value = [&](const char* key, std::string& into) {
+    const size_t n = std::strlen(key);
+    if (!into.empty() || line.compare(0, n, key) != 0) return;
+    const size_t colon = line.find(':', n);
+    if (colon == std::string::npos || line.find_first_not_of(" \t", n) != colon) return;
+    into = line.substr(std::min(line.size(), colon + 2));
+  };
+  while (std::getline(in, line) && line.find_first_not_of(" \t") != std::string::npos) {
+    value("model name", name);
+    value("cpu family", family);
+    value("model", model);
+  }
+  if (name.empty()) return "";
+  return family.empty() || model.empty() ? name : name + ", family " + family + " model " + model;
+}
+
 int64_t proc_status_bytes(const char* field) {
   std::ifstream in("/proc/self/status");
   std::string line;

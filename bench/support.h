@@ -21,6 +21,10 @@ struct BandwidthResult {
 // passes after one warm-up pass that also faults the pages in.
 BandwidthResult measure_read_bandwidth(int threads, size_t bytes, int repeats);
 
+// The CPU as /proc/cpuinfo names it, with its family and model numbers
+// ("Intel(R) Xeon(R) Processor, family 6 model 207"; "" if unreadable).
+std::string cpu_name();
+
 // Bytes of /proc/self/status field "VmRSS" / "VmHWM" (0 if unreadable).
 int64_t proc_status_bytes(const char* field);
 

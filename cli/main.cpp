@@ -7,10 +7,16 @@
 #include <exception>
 
 #include "cli/commands.h"
+#include "dumps/blas_core.h"
 #include "dumps/errors.h"
 #include "ref/block_cache.h"
 
 int main(int argc, char** argv) {
+  // OpenBLAS chose its kernels when it was loaded, by the CPU's model number:
+  // a CPU newer than the library gets its generic SSE3 kernels, 4-5x slower
+  // than those its instructions allow (dumps/blas_core.h). The process
+  // starts again, once, with those named.
+  llmdiff::restart_with_better_blas(argv);
   // libtorch allocates a fresh buffer for every op result, and a bisection
   // makes the same shapes layer after layer, run after run: buffers of at
   // least 256 KiB come from a cache of freed blocks (ref/block_cache.h),

@@ -15,19 +15,6 @@ using namespace llmdiff::testing;
 
 namespace {
 
-// Runs the real binary with stderr folded into stdout; returns the exit code.
-int run_binary(const std::string& args, std::string* output) {
-  const std::string cmd = std::string(LLMDIFF_BINARY_DIR) + "/llmdiff " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return -1;
-  char buf[4096];
-  size_t n;
-  output->clear();
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) output->append(buf, n);
-  int status = ::pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary);
   out << bytes;
