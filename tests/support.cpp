@@ -59,17 +59,20 @@ std::string read_text(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-int run_binary(const std::string& args, std::string* output, const std::string& env) {
-  const std::string cmd =
-      (env.empty() ? "" : "env " + env + " ") + std::string(LLMDIFF_BINARY_DIR) + "/llmdiff " + args + " 2>&1";
+int run_command(const std::string& cmd, std::string* output) {
+  output->clear();
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return -1;
   char buf[4096];
   size_t n;
-  output->clear();
   while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) output->append(buf, n);
   const int status = ::pclose(p);
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+int run_binary(const std::string& args, std::string* output, const std::string& env) {
+  return run_command(
+      (env.empty() ? "" : "env " + env + " ") + std::string(LLMDIFF_BINARY_DIR) + "/llmdiff " + args + " 2>&1", output);
 }
 
 std::string first_difference(const TensorSource& a, const TensorSource& b) {

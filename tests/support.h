@@ -17,6 +17,9 @@ std::string golden_dump(const std::string& model, const std::string& scenario); 
 std::string temp_path(const std::string& stem);  // a fresh path in a per-process temp dir
 // A whole file as a string (any bytes); throws std::runtime_error when it cannot be read.
 std::string read_text(const std::string& path);
+// Runs a shell command line, its stdout into `output`; returns its exit
+// code (-1 when it could not start or did not exit).
+int run_command(const std::string& cmd, std::string* output);
 // Runs the built llmdiff binary with `args` (a shell word list) and stderr
 // folded into stdout, `env` (VAR=VALUE words or -u VAR, for env(1)) in front;
 // returns its exit code (-1 when it did not exit).

@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <sys/stat.h>
-#include <sys/wait.h>
 
 #include "tests/test_cli_diff_helpers.h"
 
@@ -133,8 +132,8 @@ TEST(CliDiff, BinaryExitCodes) {
   if (::stat(bin.c_str(), &st) != 0) GTEST_SKIP() << "llmdiff binary not built: " << bin;
   std::string g = golden_dump("llama-gqa", "prefill");
   auto code = [&](const std::string& args) {
-    int s = std::system((bin + " " + args + " >/dev/null 2>&1").c_str());
-    return WIFEXITED(s) ? WEXITSTATUS(s) : -1;
+    std::string out;
+    return run_binary(args, &out);
   };
   EXPECT_EQ(code("diff " + g + " " + g), 0);
   EXPECT_EQ(code("diff " + g + " " + golden_dump("llama-gqa", "chunked")), 1);

@@ -5,7 +5,6 @@
 // into a non-blank screenshot.
 #include <gtest/gtest.h>
 
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -77,12 +76,7 @@ void expect_bisect_page(const std::string& page) {
 // stdout of a shell command.
 std::string capture(const std::string& cmd) {
   std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  pclose(p);
+  run_command(cmd, &out);
   return out;
 }
 

@@ -119,11 +119,12 @@ TEST(BlockCache, ThreadsAllocatingAndFreeingTogetherLeaveItConsistent) {
 // allocator and then with a BlockCache serving every buffer (a block freed
 // by one op reused by the next, holding its old values): the same bits.
 TEST(BlockCache, RefNumbersUnchangedWhenEveryBufferComesFromTheCache) {
+  const std::vector<std::string> names = testing::golden_models();
   std::vector<Model> models;
-  for (const auto& m : testing::golden_models()) models.push_back(Model::load(testing::golden_model(m)));
+  for (const auto& m : names) models.push_back(Model::load(testing::golden_model(m)));
   // The golden decode scenario of models[k] through the ref, as HF ran it.
   auto run = [&](size_t k, const std::string& label) {
-    const DumpFile golden(testing::golden_dump(testing::golden_models()[k], "decode"));
+    const DumpFile golden(testing::golden_dump(names[k], "decode"));
     ref::RefOptions opt;
     opt.threads = 1;
     opt.dtype = ComputeDType::Float32;
@@ -140,7 +141,7 @@ TEST(BlockCache, RefNumbersUnchangedWhenEveryBufferComesFromTheCache) {
   const torch::Tensor probe = torch::empty({1000});
   EXPECT_GE(cache.stats().mapped, 1);
   for (size_t k = 0; k < models.size(); ++k) {
-    const std::string& m = testing::golden_models()[k];
+    const std::string& m = names[k];
     const MemoryDump after = run(k, "block cache");
     const MemoryDump& was = before[k];
     ASSERT_EQ(after.names(), was.names()) << m;
