@@ -99,18 +99,25 @@ std::string cpu_name() {
   return family.empty() || model.empty() ? name : name + ", family " + family + " model " + model;
 }
 
-int64_t proc_status_bytes(const char* field) {
-  std::ifstream in("/proc/self/status");
+namespace {
+// The number after "field:" on its line of a /proc file (0 if absent).
+long long proc_number(const char* path, const char* field) {
+  std::ifstream in(path);
   std::string line;
   const std::string key = std::string(field) + ":";
   while (std::getline(in, line)) {
     if (line.compare(0, key.size(), key) == 0) {
-      long long kib = 0;
-      if (std::sscanf(line.c_str() + key.size(), "%lld", &kib) == 1) return int64_t(kib) * 1024;
+      long long v = 0;
+      if (std::sscanf(line.c_str() + key.size(), "%lld", &v) == 1) return v;
     }
   }
   return 0;
 }
+}  // namespace
+
+int64_t proc_status_bytes(const char* field) { return int64_t(proc_number("/proc/self/status", field)) * 1024; }
+
+int64_t proc_io_bytes(const char* field) { return int64_t(proc_number("/proc/self/io", field)); }
 
 ChildOutcome run_in_child(const std::function<std::string()>& fn) {
   int fds[2];

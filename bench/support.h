@@ -27,6 +27,9 @@ std::string cpu_name();
 
 // Bytes of /proc/self/status field "VmRSS" / "VmHWM" (0 if unreadable).
 int64_t proc_status_bytes(const char* field);
+// A byte count of /proc/self/io (e.g. "read_bytes": what the process made
+// the storage layer fetch, its memory-mapped files included); 0 when absent.
+int64_t proc_io_bytes(const char* field);
 
 struct ChildOutcome {
   std::string output;     // what the child's function returned

@@ -28,7 +28,8 @@ void add_bisect_cli_options(CLI::App& sub, BisectCliOptions& o) {
                  "also write a self-contained HTML report to this file (verdict, diagnosis, error-growth chart, "
                  "heatmap of the localised tensor's error, sortable tables)");
   sub.add_option("--threads", o.threads, "threads (default: all cores)")->check(CLI::NonNegativeNumber);
-  sub.add_flag("--verbose", o.verbose, "print each phase as it ends, with the elapsed time and peak memory, on stderr");
+  sub.add_flag("--verbose", o.verbose,
+               "print each phase as it ends, with the elapsed time, peak memory and disk traffic, on stderr");
 }
 
 compare::BisectOptions bisect_options(const BisectCliOptions& o, const PhaseLog* log) {

@@ -74,15 +74,27 @@ double now_seconds() {
 }
 }  // namespace
 
-PhaseLog::PhaseLog(bool enabled) : enabled_(enabled), start_(now_seconds()) {}
+PhaseLog::PhaseLog(bool enabled)
+    : enabled_(enabled),
+      start_(now_seconds()),
+      read_(bench::proc_io_bytes("read_bytes")),
+      written_(bench::proc_io_bytes("write_bytes")) {}
 
+// Each phase with the disk traffic it made: a model larger than the page
+// cache leaves reads its weights from disk in every pass over it.
 void PhaseLog::operator()(const std::string& what) const {
   if (!enabled_) return;
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
-  std::fprintf(stderr, "[%7.1f s, peak %5.1f GB, now %5.1f GB anonymous + %5.1f GB mapped files] %s\n",
+  const int64_t read = bench::proc_io_bytes("read_bytes"), written = bench::proc_io_bytes("write_bytes");
+  std::fprintf(stderr,
+               "[%7.1f s, peak %5.1f GB, now %5.1f GB anonymous + %5.1f GB mapped files; disk read %5.1f GB, "
+               "written %5.1f GB] %s\n",
                now_seconds() - start_, double(ru.ru_maxrss) * 1024.0 / 1e9,
-               double(bench::proc_status_bytes("RssAnon")) / 1e9, double(bench::proc_status_bytes("RssFile")) / 1e9, what.c_str());
+               double(bench::proc_status_bytes("RssAnon")) / 1e9, double(bench::proc_status_bytes("RssFile")) / 1e9,
+               double(read - read_) / 1e9, double(written - written_) / 1e9, what.c_str());
+  read_ = read;
+  written_ = written;
   std::fflush(stderr);
 }
 

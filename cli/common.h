@@ -53,6 +53,7 @@ class PhaseLog {
  private:
   bool enabled_;
   double start_;
+  mutable int64_t read_ = 0, written_ = 0;  // /proc/self/io at the last phase's end
 };
 
 

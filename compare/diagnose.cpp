@@ -812,8 +812,12 @@ Diagnosis diagnose(const DiagnoseInputs& in) {
       std::unique_ptr<MemoryDump> own;
       if (!in.clean) own = in.runner->run(Hypothesis{}, in.scenario, cx.cand_names);
       const TensorSource* clean = in.clean ? in.clean : own.get();
-      for (const auto& name : cx.cand_names) {
-        if (!clean->has(name)) continue;
+      // Several names at a time (each reads its own tensors through const get()).
+      std::vector<std::optional<double>> errors(cx.cand_names.size());
+      ThreadPool pool;
+      pool.parallel_for(int64_t(cx.cand_names.size()), [&](int64_t k) {
+        const std::string& name = cx.cand_names[size_t(k)];
+        if (!clean->has(name)) return;
         TensorData a = clean->get(name), b = cand.get(name);
         double e = kInf;
         if (a.shape == b.shape) {
@@ -823,8 +827,10 @@ Diagnosis diagnose(const DiagnoseInputs& in) {
           e = rmse(a.f.data(), b.f.data(), int64_t(a.f.size()), &bad);
           if (bad) e = kInf;
         }
-        cx.clean_rmse[name] = e;
-      }
+        errors[size_t(k)] = e;
+      });
+      for (size_t k = 0; k < errors.size(); ++k)
+        if (errors[k]) cx.clean_rmse[cx.cand_names[k]] = *errors[k];
       // The clean run already reproduces the candidate where it diverges and
       // no op is wrong by itself: the divergence is rounding that no zoo bug
       // explains, and no hypothesis could get credit there (replay_evidence).

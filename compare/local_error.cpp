@@ -20,31 +20,6 @@ namespace llmdiff::compare {
 namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// max |a-b| and its offset, NMSE against b.
-void diff_stats(const std::vector<float>& a, const std::vector<float>& b, double* max_abs, int64_t* at,
-                double* nmse) {
-  double m = 0, num = 0, den = 0;
-  int64_t where = -1;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double d = double(a[i]) - double(b[i]);
-    if (!std::isfinite(d)) {
-      if (!(std::isnan(a[i]) && std::isnan(b[i])) && a[i] != b[i]) {
-        m = kInf;
-        where = int64_t(i);
-      }
-      continue;
-    }
-    num += d * d;
-    den += double(b[i]) * double(b[i]);
-    if (std::fabs(d) > m) {
-      m = std::fabs(d);
-      where = int64_t(i);
-    }
-  }
-  *max_abs = m;
-  *at = where;
-  *nmse = den > 0 ? num / den : (num > 0 ? kInf : 0.0);
-}
 }  // namespace
 
 namespace {
@@ -243,7 +218,7 @@ std::optional<LocalSite> judge_site(const std::string& name, const TensorSource&
   }
   const std::vector<float>& cf = cb.floats();
   const std::vector<float>& lf = lb.floats();
-  diff_stats(cf, lf, &s.max_abs, &s.max_abs_at, &s.nmse);
+  diff_stats(cf.data(), lf.data(), int64_t(cf.size()), &s.max_abs, &s.max_abs_at, &s.nmse);
   int64_t bad = 0;
   const double cand_rmse = rmse(cf.data(), lf.data(), c.numel(), &bad);
   double ref_rmse = 0;

@@ -1,6 +1,8 @@
 #include "compare/noise_floor.h"
+#include "compare/pair_sums.h"
 #include "dumps/rows.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -50,31 +52,100 @@ std::string NoiseStats::str() const {
 }
 
 double rmse(const float* a, const float* b, int64_t n, int64_t* mismatch) {
-  double sum = 0;
+  namespace ps = pair_sums;
+  ps::v8d acc[4] = {};
+  double rest = 0;
   int64_t count = 0, bad = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const float x = a[i], y = b[i];
-    if (std::isfinite(x) && std::isfinite(y)) {
-      const double d = double(x) - double(y);
-      sum += d * d;
-      ++count;
-    } else if (!same_nonfinite(x, y)) {
-      ++bad;
-    }
-  }
+  ps::for_blocks(
+      a, b, n,
+      [&](const ps::v8f (&x)[4], const ps::v8f (&y)[4], int64_t) {
+        for (int j = 0; j < 4; ++j) {
+          const ps::v8d d = ps::wide(x[j]) - ps::wide(y[j]);
+          acc[j] += d * d;
+        }
+        count += ps::kBlock;
+      },
+      [&](int64_t i) {
+        const float x = a[i], y = b[i];
+        if (std::isfinite(x) && std::isfinite(y)) {
+          const double d = double(x) - double(y);
+          rest += d * d;
+          ++count;
+        } else if (!same_nonfinite(x, y)) {
+          ++bad;
+        }
+      });
   if (mismatch) *mismatch = bad;
-  return count ? std::sqrt(sum / double(count)) : 0.0;
+  return count ? std::sqrt((ps::total(acc) + rest) / double(count)) : 0.0;
 }
 
 double rms(const float* a, int64_t n) {
-  double sum = 0;
+  namespace ps = pair_sums;
+  ps::v8d acc[4] = {};
+  double rest = 0;
   int64_t count = 0;
-  for (int64_t i = 0; i < n; ++i)
-    if (std::isfinite(a[i])) {
-      sum += double(a[i]) * double(a[i]);
-      ++count;
-    }
-  return count ? std::sqrt(sum / double(count)) : 0.0;
+  ps::for_blocks(
+      a, nullptr, n,
+      [&](const ps::v8f (&x)[4], const ps::v8f (&)[4], int64_t) {
+        for (int j = 0; j < 4; ++j) {
+          const ps::v8d v = ps::wide(x[j]);
+          acc[j] += v * v;
+        }
+        count += ps::kBlock;
+      },
+      [&](int64_t i) {
+        if (std::isfinite(a[i])) {
+          rest += double(a[i]) * double(a[i]);
+          ++count;
+        }
+      });
+  return count ? std::sqrt((ps::total(acc) + rest) / double(count)) : 0.0;
+}
+
+void diff_stats(const float* a, const float* b, int64_t n, double* max_abs, int64_t* at, double* nmse) {
+  namespace ps = pair_sums;
+  ps::v8d num_l[4] = {}, den_l[4] = {}, max_l[4] = {};
+  double m = 0, num = 0, den = 0;
+  int64_t nonfinite_at = -1;
+  ps::for_blocks(
+      a, b, n,
+      [&](const ps::v8f (&x)[4], const ps::v8f (&y)[4], int64_t) {
+        for (int j = 0; j < 4; ++j) {
+          const ps::v8d yb = ps::wide(y[j]), d = ps::wide(x[j]) - yb;
+          num_l[j] += d * d;
+          den_l[j] += yb * yb;
+          const ps::v8d ad = d < 0 ? -d : d;
+          max_l[j] = ad > max_l[j] ? ad : max_l[j];
+        }
+      },
+      [&](int64_t i) {
+        const double d = double(a[i]) - double(b[i]);
+        if (!std::isfinite(d)) {
+          if (!(std::isnan(a[i]) && std::isnan(b[i])) && a[i] != b[i]) nonfinite_at = i;
+          return;
+        }
+        num += d * d;
+        den += double(b[i]) * double(b[i]);
+        m = std::max(m, std::fabs(d));
+      });
+  for (int j = 0; j < 4; ++j)
+    for (int l = 0; l < 8; ++l) m = std::max(m, max_l[j][l]);
+  num += ps::total(num_l);
+  den += ps::total(den_l);
+  int64_t where = -1;
+  if (nonfinite_at >= 0) {
+    m = kInf;
+    where = nonfinite_at;
+  } else if (m > 0) {
+    for (int64_t i = 0; i < n; ++i)
+      if (std::fabs(double(a[i]) - double(b[i])) == m) {
+        where = i;
+        break;
+      }
+  }
+  *max_abs = m;
+  *at = where;
+  *nmse = den > 0 ? num / den : (num > 0 ? kInf : 0.0);
 }
 
 NoiseStats noise_stats(double cand_rmse, double ref_rmse, double truth_rms, ComputeDType dtype) {

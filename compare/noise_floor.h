@@ -83,6 +83,11 @@ NoiseStats noise_stats(double cand_rmse, double ref_rmse, double truth_rms, Comp
 // but differ.
 double rmse(const float* a, const float* b, int64_t n, int64_t* mismatch = nullptr);
 double rms(const float* a, int64_t n);
+// max |a-b| (Inf when a pair holds a NaN/Inf of its own that the other
+// lacks) and its offset: the first where the maximum is reached, or the last
+// such non-finite pair; -1 when every pair agrees. NMSE against b over the
+// finite pairs.
+void diff_stats(const float* a, const float* b, int64_t n, double* max_abs, int64_t* at, double* nmse);
 
 // compare_dumps' Criterion form: compare_dumps(ref at dtype, candidate) with
 // this criterion judges every float name by the noise floor against `truth`

@@ -1110,7 +1110,7 @@ TEST(BisectCommands, RunWithAnInjectedBugPrintsTheDiagnosis) {
   const std::string phases = ::testing::internal::GetCapturedStderr();
   ASSERT_EQ(t.code, 1) << t.error;
   EXPECT_NE(t.out.find("RESULT: divergence, localised at step0.layers.0.attn.q_rope"), std::string::npos) << t.out;
-  // --verbose: each phase on stderr, in order, with time and peak memory.
+  // --verbose: each phase on stderr, in order, with time, peak memory and disk traffic.
   size_t at = 0;
   for (const char* phase : {"candidate run (impl)", "clean run of the hypothesis engine", "reference run in float32",
                             "reference run in float64", "comparison", "local recompute of the candidate", "diagnosis"}) {
@@ -1119,6 +1119,7 @@ TEST(BisectCommands, RunWithAnInjectedBugPrintsTheDiagnosis) {
     if (k != std::string::npos) at = k;
   }
   EXPECT_NE(phases.find(" s, peak "), std::string::npos) << phases;
+  EXPECT_NE(phases.find(" mapped files; disk read "), std::string::npos) << phases;  // what each phase read
   EXPECT_EQ(t.out.find("peak"), std::string::npos) << "phase lines belong on stderr";
   EXPECT_NE(t.out.find("Diagnosis at step0.layers.0.attn.q_rope: rope-interleaved"), std::string::npos) << t.out;
 

@@ -14,6 +14,7 @@
 #include "compare/compare.h"
 #include "compare/layout.h"
 #include "compare/metrics.h"
+#include "compare/noise_floor.h"
 #include "compare/parallel.h"
 #include "dumps/dtype.h"
 #include "tests/test_compare_helpers.h"
@@ -287,6 +288,72 @@ TEST(CompareFastPath, NonFiniteDataMatchesThePlainDefinition) {
   const Tolerance odd{kInf, 1e-5};
   expect_matches(reference_metrics(p.ref, p.cand, ComputeDType::Float32, odd),
                  pair_metrics(p.ref.data(), p.cand.data(), 9000, ComputeDType::Float32, odd), "infinite rtol");
+}
+
+// rmse, rms and diff_stats (compare/noise_floor.h) against their definitions
+// written element by element: sizes around the 32-pair blocks, NaN/Inf in
+// some blocks (alike on both sides, or on one side only), ties of the
+// maximum.
+TEST(CompareFastPath, NoiseSumsMatchThePlainDefinition) {
+  std::mt19937 gen(11);
+  std::normal_distribution<float> normal;
+  for (int64_t n : {0, 1, 7, 31, 32, 33, 64, 95, 1000, 4099}) {
+    for (int specials = 0; specials < 3; ++specials) {
+      SCOPED_TRACE("n " + std::to_string(n) + ", specials " + std::to_string(specials));
+      std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        b[size_t(i)] = normal(gen);
+        a[size_t(i)] = b[size_t(i)] + 1e-3f * normal(gen);
+      }
+      if (specials > 0 && n > 5) {
+        a[3] = b[3] = kNaN;           // alike: skipped
+        a[size_t(n - 1)] = b[size_t(n - 1)] = -kInfF;
+      }
+      if (specials > 1 && n > 40) {
+        a[40] = kInfF;                // one side only: a mismatch
+        b[size_t(n / 2)] = kNaN;
+      }
+      double sum = 0, sq = 0, num = 0, den = 0, mx = 0;
+      int64_t count = 0, finite = 0, bad = 0, at = -1;
+      for (int64_t i = 0; i < n; ++i) {
+        const float x = a[size_t(i)], y = b[size_t(i)];
+        if (std::isfinite(y)) sq += double(y) * double(y), ++finite;
+        if (std::isfinite(x) && std::isfinite(y)) {
+          const double d = double(x) - double(y);
+          sum += d * d, ++count;
+          num += d * d, den += double(y) * double(y);
+          if (std::fabs(d) > mx && mx != kInf) mx = std::fabs(d), at = i;
+        } else if (!same_special(x, y)) {
+          ++bad;
+          mx = kInf, at = i;
+        }
+      }
+      int64_t got_bad = -1;
+      const double e = rmse(a.data(), b.data(), n, &got_bad);
+      EXPECT_EQ(got_bad, bad);
+      EXPECT_NEAR(e, count ? std::sqrt(sum / double(count)) : 0.0, 1e-12 * e);
+      const double r = rms(b.data(), n);
+      EXPECT_NEAR(r, finite ? std::sqrt(sq / double(finite)) : 0.0, 1e-12 * r);
+      double got_max = -1, got_nmse = -1;
+      int64_t got_at = -2;
+      diff_stats(a.data(), b.data(), n, &got_max, &got_at, &got_nmse);
+      EXPECT_EQ(got_max, mx);
+      EXPECT_EQ(got_at, at);
+      EXPECT_NEAR(got_nmse, den > 0 ? num / den : 0.0, 1e-12 * got_nmse);
+    }
+  }
+  // Ties: the first offset that reaches the maximum, whichever lane holds it.
+  std::vector<float> a(100, 1.0f), b(100, 1.0f);
+  a[70] = a[37] = a[90] = 3.0f;
+  double mx = 0, nmse = 0;
+  int64_t at = -1;
+  diff_stats(a.data(), b.data(), 100, &mx, &at, &nmse);
+  EXPECT_EQ(mx, 2.0);
+  EXPECT_EQ(at, 37);
+  diff_stats(b.data(), b.data(), 100, &mx, &at, &nmse);
+  EXPECT_EQ(mx, 0.0);
+  EXPECT_EQ(at, -1);
+  EXPECT_EQ(nmse, 0.0);
 }
 
 TEST(CompareFastPath, UlpGridsAtTheirEdges) {
