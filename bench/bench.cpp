@@ -48,6 +48,8 @@ void print_machine() {
   std::printf("cpu: %s; BLAS: %s%s%s\n", cpu.empty() ? "unknown" : cpu.c_str(),
               blas.empty() ? "not OpenBLAS" : blas.c_str(), forced && *forced ? ", OPENBLAS_CORETYPE=" : "",
               forced && *forced ? forced : "");
+  const std::string note = forced_blas_core_note();
+  if (!note.empty()) std::printf("note: %s\n", note.c_str());
 }
 
 
@@ -645,6 +647,7 @@ int run_bench(const BenchOptions& o) {
               {"threads", bw.threads},
               {"cpu", cpu_name()},
               {"blas", blas_config()},
+              {"blas_note", forced_blas_core_note()},
               {"bandwidth", {{"best_gbs", bw.best_gbs}, {"all_gbs", bw.all_gbs}, {"buffer_bytes", bw.buffer_bytes}}},
               {"engines", rows}};
     if (o.e2e) j["e2e"] = e2e;

@@ -11,6 +11,7 @@
 #include "bench/support.h"
 #include "compare/report.h"
 #include "dumps/files.h"
+#include "dumps/blas_core.h"
 #include "dumps/errors.h"
 
 namespace llmdiff::cli {
@@ -78,7 +79,10 @@ PhaseLog::PhaseLog(bool enabled)
     : enabled_(enabled),
       start_(now_seconds()),
       read_(bench::proc_io_bytes("read_bytes")),
-      written_(bench::proc_io_bytes("write_bytes")) {}
+      written_(bench::proc_io_bytes("write_bytes")) {
+  const std::string note = forced_blas_core_note();
+  if (enabled_ && !note.empty()) std::fprintf(stderr, "note: %s\n", note.c_str());
+}
 
 // Each phase with the disk traffic it made: a model larger than the page
 // cache leaves reads its weights from disk in every pass over it.

@@ -28,6 +28,13 @@ std::string blas_config();
 // OpenBLAS.
 std::optional<std::string> better_blas_core();
 
+// When OPENBLAS_CORETYPE is set and holds the loaded OpenBLAS to kernels
+// weaker than this CPU allows (Haswell's AVX2 ones on a CPU with AVX-512,
+// say), a line saying so and what to do; "" otherwise. The choice is kept
+// (a user may want the same kernels on every machine): bench and --verbose
+// print the line.
+std::string forced_blas_core_note();
+
 // For a program's main, before anything else: when better_blas_core() names
 // a core, sets OPENBLAS_CORETYPE to it and executes the program again
 // (/proc/self/exe, the same arguments), which then finds the variable set and

@@ -55,6 +55,28 @@ TEST(CliBlas, AUsersChoiceOfKernelsIsKept) {
   EXPECT_NE(blas.find(" Haswell "), std::string::npos) << blas;
 }
 
+bool has_avx512() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+}
+
+// A forced core type weaker than the CPU allows is kept, and named with what
+// to do; none is named when OpenBLAS chooses, or when the forced type is as
+// strong as the CPU allows.
+TEST(CliBlas, AWeakerForcedChoiceIsNamed) {
+  if (!has_avx2_fma()) GTEST_SKIP() << "a CPU without AVX2: no weaker choice to name";
+  const std::string weak = has_avx512() ? "Haswell" : "Prescott", strong = has_avx512() ? "SkylakeX" : "Haswell";
+  const nlohmann::json forced = bench_machine("OPENBLAS_CORETYPE=" + weak);
+  ASSERT_TRUE(forced.contains("blas")) << forced.dump();
+  if (forced["blas"].get<std::string>().empty()) GTEST_SKIP() << "libtorch's BLAS is not OpenBLAS";
+  const std::string note = forced.value("blas_note", "");
+  EXPECT_NE(note.find("OPENBLAS_CORETYPE=" + weak), std::string::npos) << note;
+  EXPECT_NE(note.find("allows " + strong), std::string::npos) << note;
+  EXPECT_NE(forced["blas"].get<std::string>().find(" " + weak + " "), std::string::npos) << forced["blas"];
+  EXPECT_EQ(bench_machine("OPENBLAS_CORETYPE=" + strong).value("blas_note", "?"), "");
+  EXPECT_EQ(bench_machine("-u OPENBLAS_CORETYPE").value("blas_note", "?"), "");
+}
+
 TEST(CliBlas, NothingBetterIsNamedOnceTheCoreTypeIsSet) {
   const char* was = std::getenv("OPENBLAS_CORETYPE");
   const std::string saved = was ? was : "";
