@@ -80,8 +80,9 @@ PhaseLog::PhaseLog(bool enabled)
       start_(now_seconds()),
       read_(bench::proc_io_bytes("read_bytes")),
       written_(bench::proc_io_bytes("write_bytes")) {
+  if (!enabled_) return;
   const std::string note = forced_blas_core_note();
-  if (enabled_ && !note.empty()) std::fprintf(stderr, "note: %s\n", note.c_str());
+  if (!note.empty()) std::fprintf(stderr, "note: %s\n", note.c_str());
 }
 
 // Each phase with the disk traffic it made: a model larger than the page
