@@ -18,17 +18,17 @@
 #include "bisect/engines.h"
 #include "bisect/pipeline.h"
 #include "compare/compare.h"
-#include "dumps/dump.h"
-#include "dumps/engine.h"
-#include "dumps/errors.h"
-#include "dumps/gguf.h"
-#include "dumps/blas_core.h"
-#include "dumps/bugs.h"
-#include "dumps/threads.h"
-#include "dumps/weights.h"
+#include "dumps/contract/dump.h"
+#include "dumps/contract/engine.h"
+#include "dumps/base/errors.h"
+#include "dumps/formats/gguf.h"
+#include "dumps/base/blas_core.h"
+#include "dumps/zoo/bugs.h"
+#include "dumps/base/threads.h"
+#include "dumps/model/weights.h"
 #include "impl/batch_engine.h"
 #include "impl/impl_engine.h"
-#include "dumps/names.h"
+#include "dumps/contract/names.h"
 
 namespace llmdiff::bench {
 
@@ -41,7 +41,7 @@ using bisect::make_manifest;
 using nlohmann::json;
 
 // What the figures depend on besides the code: the CPU, and the BLAS kernels
-// libtorch's float32/float64 products run on (dumps/blas_core.h).
+// libtorch's float32/float64 products run on (dumps/base/blas_core.h).
 void print_machine() {
   const std::string cpu = cpu_name(), blas = blas_config();
   const char* forced = std::getenv("OPENBLAS_CORETYPE");

@@ -1,6 +1,6 @@
 // Measurement helpers of `llmdiff bench`.
 #include "bench/support.h"
-#include "dumps/threads.h"
+#include "dumps/base/threads.h"
 
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -17,7 +17,7 @@
 #include <memory>
 #include <thread>
 
-#include "dumps/errors.h"
+#include "dumps/base/errors.h"
 
 namespace llmdiff::bench {
 

@@ -5,10 +5,10 @@
 
 #include "compare/paged_kv.h"
 #include "compare/signature_finders.h"
-#include "dumps/bugs.h"
-#include "dumps/errors.h"
-#include "dumps/names.h"
-#include "dumps/sequences.h"
+#include "dumps/zoo/bugs.h"
+#include "dumps/base/errors.h"
+#include "dumps/contract/names.h"
+#include "dumps/contract/sequences.h"
 
 namespace llmdiff::bisect {
 

@@ -1,8 +1,8 @@
 #include "bisect/engines.h"
 
-#include "dumps/bugs.h"
-#include "dumps/errors.h"
-#include "dumps/padding.h"
+#include "dumps/zoo/bugs.h"
+#include "dumps/base/errors.h"
+#include "dumps/contract/padding.h"
 #include "impl/impl_engine.h"
 #include "ref/ref_engine.h"
 

@@ -5,10 +5,10 @@
 #include <string>
 #include <vector>
 
-#include "dumps/config.h"
-#include "dumps/dump.h"
-#include "dumps/engine.h"
-#include "dumps/weights.h"
+#include "dumps/model/config.h"
+#include "dumps/contract/dump.h"
+#include "dumps/contract/engine.h"
+#include "dumps/model/weights.h"
 
 namespace llmdiff::bisect {
 

@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "dumps/errors.h"
+#include "dumps/base/errors.h"
 
 namespace llmdiff::bisect {
 

@@ -5,7 +5,7 @@
 #include <map>
 #include <string>
 
-#include "dumps/engine.h"
+#include "dumps/contract/engine.h"
 
 namespace llmdiff::bisect {
 

@@ -1,7 +1,7 @@
 #include "bisect/pipeline.h"
 #include "bisect/batch_replay.h"
-#include "dumps/padding.h"
-#include "dumps/consistency.h"
+#include "dumps/contract/padding.h"
+#include "dumps/contract/consistency.h"
 
 #include <malloc.h>
 #include <torch/torch.h>
@@ -13,11 +13,11 @@
 #include <limits>
 #include <set>
 
-#include "dumps/errors.h"
-#include "dumps/names.h"
-#include "dumps/sequences.h"
-#include "dumps/threads.h"
-#include "dumps/bugs.h"
+#include "dumps/base/errors.h"
+#include "dumps/contract/names.h"
+#include "dumps/contract/sequences.h"
+#include "dumps/base/threads.h"
+#include "dumps/zoo/bugs.h"
 #include "impl/impl_engine.h"
 #include "ref/ops.h"
 #include "ref/graph.h"

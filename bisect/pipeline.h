@@ -18,8 +18,8 @@
 #include "compare/noise_floor.h"
 #include "compare/diagnose.h"
 #include "compare/quant_error.h"
-#include "dumps/engine.h"
-#include "dumps/weights.h"
+#include "dumps/contract/engine.h"
+#include "dumps/model/weights.h"
 
 namespace llmdiff::bisect {
 
@@ -97,7 +97,7 @@ compare::BisectResult bisect_candidate(const ModelOracles& m, const TensorSource
                                        compare::BisectOptions opt);
 
 // bisect_candidate() of each sequence of a several-sequence dump
-// (dumps/sequences.h), each against the reference running it alone, ordered
+// (dumps/contract/sequences.h), each against the reference running it alone, ordered
 // and summarised by compare::summarise_batch.
 compare::BatchBisect bisect_batch(const ModelOracles& m, const TensorSource& cand, compare::BisectOptions opt);
 

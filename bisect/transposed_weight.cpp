@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "bisect/pipeline.h"
-#include "dumps/names.h"
+#include "dumps/contract/names.h"
 
 namespace llmdiff::bisect {
 

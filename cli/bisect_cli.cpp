@@ -7,7 +7,7 @@
 #include "compare/bisect_report.h"
 #include "compare/report.h"
 #include "compare/report_html.h"
-#include "dumps/files.h"
+#include "dumps/base/files.h"
 #include "compare/tolerance.h"
 
 namespace llmdiff::cli {

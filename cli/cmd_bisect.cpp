@@ -12,15 +12,15 @@
 #include <iostream>
 
 #include "compare/sampling_check.h"
-#include "dumps/errors.h"
-#include "dumps/sequences.h"
+#include "dumps/base/errors.h"
+#include "dumps/contract/sequences.h"
 
 namespace llmdiff::cli {
 
 struct BisectCommandOptions {
   std::string model, candidate;
   std::string source;  // full-precision checkpoint of a quantised --model
-  std::string layers;  // --layers A:B: a shard (dumps/layer_window.h)
+  std::string layers;  // --layers A:B: a shard (dumps/contract/layer_window.h)
   BisectCliOptions bisect;
 };
 

@@ -7,9 +7,9 @@
 #include <map>
 
 #include "cli/commands.h"
-#include "dumps/errors.h"
-#include "dumps/gguf_model.h"
-#include "dumps/weights.h"
+#include "dumps/base/errors.h"
+#include "dumps/model/gguf_model.h"
+#include "dumps/model/weights.h"
 
 namespace llmdiff::cli {
 

@@ -12,9 +12,9 @@
 #include "compare/compare.h"
 #include "compare/report.h"
 #include "compare/report_html.h"
-#include "dumps/config.h"
-#include "dumps/dump.h"
-#include "dumps/errors.h"
+#include "dumps/model/config.h"
+#include "dumps/contract/dump.h"
+#include "dumps/base/errors.h"
 
 namespace llmdiff::cli {
 

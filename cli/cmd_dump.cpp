@@ -9,8 +9,8 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "dumps/errors.h"
-#include "dumps/bugs.h"
+#include "dumps/base/errors.h"
+#include "dumps/zoo/bugs.h"
 #include "impl/batch_engine.h"
 
 namespace llmdiff::cli {

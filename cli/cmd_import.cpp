@@ -1,15 +1,15 @@
 // llmdiff import --model DIR --mapping MAP --out DUMP INPUT...: an engine's own
 // tensors (safetensors, .npz, a directory of .npy) as an llm-dump/1 file,
-// through a mapping file or a bundled mapping (dumps/import.h, docs/IMPORT.md).
+// through a mapping file or a bundled mapping (dumps/import/import.h, docs/IMPORT.md).
 #include <fmt/core.h>
 
 #include <filesystem>
 
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "dumps/config.h"
-#include "dumps/errors.h"
-#include "dumps/import.h"
+#include "dumps/model/config.h"
+#include "dumps/base/errors.h"
+#include "dumps/import/import.h"
 
 namespace llmdiff::cli {
 

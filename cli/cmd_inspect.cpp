@@ -9,10 +9,10 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "dumps/dump.h"
-#include "dumps/gguf.h"
-#include "dumps/gguf_model.h"
-#include "dumps/weights.h"
+#include "dumps/contract/dump.h"
+#include "dumps/formats/gguf.h"
+#include "dumps/model/gguf_model.h"
+#include "dumps/model/weights.h"
 
 namespace llmdiff::cli {
 

@@ -9,8 +9,8 @@
 #include <sstream>
 
 #include "compare/merge.h"
-#include "dumps/errors.h"
-#include "dumps/files.h"
+#include "dumps/base/errors.h"
+#include "dumps/base/files.h"
 
 namespace llmdiff::cli {
 

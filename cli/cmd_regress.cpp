@@ -19,11 +19,11 @@
 #include "bisect/external.h"
 #include "compare/regress.h"
 #include "compare/report.h"
-#include "dumps/dump.h"
-#include "dumps/engine.h"
-#include "dumps/errors.h"
-#include "dumps/sequences.h"
-#include "dumps/weights.h"
+#include "dumps/contract/dump.h"
+#include "dumps/contract/engine.h"
+#include "dumps/base/errors.h"
+#include "dumps/contract/sequences.h"
+#include "dumps/model/weights.h"
 
 namespace llmdiff::cli {
 

@@ -6,7 +6,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/bisect_cli.h"
-#include "dumps/errors.h"
+#include "dumps/base/errors.h"
 
 namespace llmdiff::cli {
 

@@ -14,9 +14,9 @@
 #include "cli/commands.h"
 #include "synth/synth.h"
 #include "synth/tokenizer.h"
-#include "dumps/errors.h"
-#include "dumps/gguf_model.h"
-#include "dumps/weights.h"
+#include "dumps/base/errors.h"
+#include "dumps/model/gguf_model.h"
+#include "dumps/model/weights.h"
 
 namespace llmdiff::cli {
 

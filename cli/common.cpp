@@ -10,9 +10,9 @@
 
 #include "bench/support.h"
 #include "compare/report.h"
-#include "dumps/files.h"
-#include "dumps/blas_core.h"
-#include "dumps/errors.h"
+#include "dumps/base/files.h"
+#include "dumps/base/blas_core.h"
+#include "dumps/base/errors.h"
 
 namespace llmdiff::cli {
 

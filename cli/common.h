@@ -6,11 +6,11 @@
 #include <string>
 #include <vector>
 
-#include "dumps/config.h"
-#include "dumps/dump.h"
-#include "dumps/engine.h"
+#include "dumps/model/config.h"
+#include "dumps/contract/dump.h"
+#include "dumps/contract/engine.h"
 #include "bisect/engines.h"
-#include "dumps/weights.h"
+#include "dumps/model/weights.h"
 
 namespace llmdiff::cli {
 

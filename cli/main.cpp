@@ -7,14 +7,14 @@
 #include <exception>
 
 #include "cli/commands.h"
-#include "dumps/blas_core.h"
-#include "dumps/errors.h"
+#include "dumps/base/blas_core.h"
+#include "dumps/base/errors.h"
 #include "ref/block_cache.h"
 
 int main(int argc, char** argv) {
   // OpenBLAS chose its kernels when it was loaded, by the CPU's model number:
   // a CPU newer than the library gets its generic SSE3 kernels, 4-5x slower
-  // than those its instructions allow (dumps/blas_core.h). The process
+  // than those its instructions allow (dumps/base/blas_core.h). The process
   // starts again, once, with those named.
   llmdiff::restart_with_better_blas(argv);
   // libtorch allocates a fresh buffer for every op result, and a bisection

@@ -6,8 +6,8 @@
 #include "compare/diagnose.h"
 #include "compare/paged_kv.h"
 #include "compare/signature_finders.h"
-#include "dumps/bugs.h"
-#include "dumps/names.h"
+#include "dumps/zoo/bugs.h"
+#include "dumps/contract/names.h"
 
 namespace llmdiff::compare {
 

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "compare/compare.h"
-#include "dumps/dump.h"
+#include "dumps/contract/dump.h"
 
 namespace llmdiff::compare {
 

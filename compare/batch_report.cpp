@@ -5,9 +5,9 @@
 #include <tuple>
 
 #include "compare/paged_kv.h"
-#include "dumps/bugs.h"
-#include "dumps/names.h"
-#include "dumps/sequences.h"
+#include "dumps/zoo/bugs.h"
+#include "dumps/contract/names.h"
+#include "dumps/contract/sequences.h"
 
 namespace llmdiff::compare {
 

@@ -1,6 +1,6 @@
 // Bisection of a several-sequence dump (batched, packed or paged engines;
 // docs/DUMP_FORMAT.md "Several sequences"): each sequence is bisected as a
-// single-sequence dump of its own (dumps/sequences.h) against the reference
+// single-sequence dump of its own (dumps/contract/sequences.h) against the reference
 // running that sequence alone. This file orders those results the way the
 // engine ran them and says which sequence went wrong first, in which engine
 // iteration, and whether the other sequences of that iteration went wrong
@@ -15,7 +15,7 @@
 
 #include "compare/bisect_report.h"
 #include "compare/diagnose.h"
-#include "dumps/dump.h"
+#include "dumps/contract/dump.h"
 
 namespace llmdiff::compare {
 

@@ -1,5 +1,5 @@
 #include "compare/compare.h"
-#include "dumps/rows.h"
+#include "dumps/contract/rows.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,8 +12,8 @@
 #include <typeinfo>
 
 #include "compare/parallel.h"
-#include "dumps/config.h"
-#include "dumps/errors.h"
+#include "dumps/model/config.h"
+#include "dumps/base/errors.h"
 
 namespace llmdiff::compare {
 
@@ -181,7 +181,7 @@ InPlace in_place(const TensorSource& src, const std::string& name) {
 }  // namespace
 
 TensorComparison compare_tensors(const TensorData& ref_whole, const TensorData& cand, const PairContext& ctx) {
-  // A candidate holding some of the step's token rows (dumps/rows.h) is
+  // A candidate holding some of the step's token rows (dumps/contract/rows.h) is
   // compared on those rows of the reference.
   TensorData ref_rows;
   if (!cand.rows.empty() && ref_whole.shape != cand.shape) ref_rows = rows_like(ref_whole, cand);

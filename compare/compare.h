@@ -12,8 +12,8 @@
 #include "compare/layout.h"
 #include "compare/metrics.h"
 #include "compare/tolerance.h"
-#include "dumps/dump.h"
-#include "dumps/names.h"
+#include "dumps/contract/dump.h"
+#include "dumps/contract/names.h"
 
 namespace llmdiff::compare {
 

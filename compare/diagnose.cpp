@@ -15,8 +15,8 @@
 #include <unordered_map>
 
 #include "compare/tolerance.h"
-#include "dumps/bugs.h"
-#include "dumps/errors.h"
+#include "dumps/zoo/bugs.h"
+#include "dumps/base/errors.h"
 
 namespace llmdiff::compare {
 
@@ -116,7 +116,7 @@ Agreement agreement(const TensorData& hyp, const TensorData& cand, const TensorC
 
 namespace {
 
-// The zoo's name of the bug a fingerprint points at (dumps/bugs.h).
+// The zoo's name of the bug a fingerprint points at (dumps/zoo/bugs.h).
 std::string named(zoo::Signature s) { return zoo::bug_with_signature(s).name; }
 
 std::string describe_hypothesis(const Hypothesis& h, const HypothesisRunner* runner) {
@@ -1267,7 +1267,7 @@ BisectResult bisect_source(const TensorSource& cand, const WindowSource* view, c
     std::vector<std::string> missing;
     // Step tokens are the run's inputs; sample.* the sampler's (judged by
     // compare/sampling_check.h); kv.* a paged cache's bookkeeping (checked
-    // by compare/paged_kv.h); rows the list of a row subset (dumps/rows.h).
+    // by compare/paged_kv.h); rows the list of a row subset (dumps/contract/rows.h).
     for (const auto& n : r.local.not_recomputed)
       if (parse_name(n).site != "tokens" && parse_name(n).site != "rows" && n.find("sample.") == std::string::npos &&
           n.find(".kv.") == std::string::npos)

@@ -6,7 +6,7 @@
 // compare/ reaches the reference and the engines only through the abstract
 // runners declared here; bisect/pipeline.cpp implements them with the libtorch
 // ref (ref/) and the plain C++ impl (impl/). Which bug a fingerprint points at
-// is the zoo registry's word (dumps/bugs.h), not a name written here.
+// is the zoo registry's word (dumps/zoo/bugs.h), not a name written here.
 //
 // Evidence for a hypothesis H comes from three places:
 //  - replay: the whole scenario re-run with H switched on; H is supported
@@ -30,7 +30,7 @@
 #include "compare/signatures.h"
 #include "compare/local_error.h"
 #include "compare/noise_floor.h"
-#include "dumps/engine.h"
+#include "dumps/contract/engine.h"
 
 namespace llmdiff::compare {
 
@@ -152,7 +152,7 @@ struct BisectOptions {
   // when the caller already has it (`llmdiff run` without --inject: the
   // candidate itself); null: bisect() makes it.
   std::shared_ptr<const TensorSource> clean;
-  // A shard (dumps/layer_window.h): only the window's names are analysed,
+  // A shard (dumps/contract/layer_window.h): only the window's names are analysed,
   // every run going through its layers alone from the candidate's residual
   // stream entering it (teacher-forced at the boundary). Whole by default.
   LayerWindow layers;

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <limits>
 
-#include "dumps/names.h"
+#include "dumps/contract/names.h"
 
 namespace llmdiff::compare {
 

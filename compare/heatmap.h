@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "dumps/dump.h"
+#include "dumps/contract/dump.h"
 
 namespace llmdiff::compare {
 

@@ -5,9 +5,9 @@
 #include <cstdio>
 #include <numeric>
 
-#include "dumps/config.h"
-#include "dumps/errors.h"
-#include "dumps/names.h"
+#include "dumps/model/config.h"
+#include "dumps/base/errors.h"
+#include "dumps/contract/names.h"
 
 namespace llmdiff::compare {
 

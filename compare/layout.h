@@ -9,7 +9,7 @@
 
 #include "compare/metrics.h"
 #include "compare/tolerance.h"
-#include "dumps/dump.h"
+#include "dumps/contract/dump.h"
 
 namespace llmdiff::compare {
 

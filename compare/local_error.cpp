@@ -1,6 +1,6 @@
 #include "compare/local_error.h"
 #include "compare/parallel.h"
-#include "dumps/rows.h"
+#include "dumps/contract/rows.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,8 +12,8 @@
 #include <map>
 
 #include "compare/tolerance.h"
-#include "dumps/dtype.h"
-#include "dumps/errors.h"
+#include "dumps/base/dtype.h"
+#include "dumps/base/errors.h"
 
 namespace llmdiff::compare {
 
@@ -54,7 +54,7 @@ class Borrowed {
     converted_ = p_->floats();
     return converted_;
   }
-  // Only the token rows `part` holds (dumps/rows.h), when it holds some.
+  // Only the token rows `part` holds (dumps/contract/rows.h), when it holds some.
   void restrict_to_rows_of(const TensorData& part) {
     if (part.rows.empty() || p_->shape == part.shape) return;
     own_ = rows_like(*p_, part);

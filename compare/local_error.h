@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "compare/noise_floor.h"
-#include "dumps/config.h"
-#include "dumps/dump.h"
-#include "dumps/names.h"
+#include "dumps/model/config.h"
+#include "dumps/contract/dump.h"
+#include "dumps/contract/names.h"
 
 namespace llmdiff::compare {
 

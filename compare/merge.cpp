@@ -5,8 +5,8 @@
 #include <tuple>
 
 #include "compare/bisect_report.h"
-#include "dumps/errors.h"
-#include "dumps/names.h"
+#include "dumps/base/errors.h"
+#include "dumps/contract/names.h"
 
 namespace llmdiff::compare {
 

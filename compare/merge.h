@@ -2,7 +2,7 @@
 // --layers A:B --json`, schema llmdiff.bisect/1 with a "layers" key) joined
 // into the document of the whole run.
 //
-// Each name belongs to one shard (dumps/layer_window.h), so the merged
+// Each name belongs to one shard (dumps/contract/layer_window.h), so the merged
 // comparison and local report are the shards' lists in canonical order; the
 // verdict fails when any shard does; the first divergence and the first local
 // failure are the first in canonical order over all shards; the diagnosis is

@@ -6,7 +6,7 @@
 #include <limits>
 
 #include "compare/parallel.h"
-#include "dumps/dtype.h"
+#include "dumps/base/dtype.h"
 
 namespace llmdiff::compare {
 

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "compare/tolerance.h"
-#include "dumps/config.h"
-#include "dumps/safetensors.h"
+#include "dumps/model/config.h"
+#include "dumps/formats/safetensors.h"
 
 namespace llmdiff::compare {
 

@@ -1,6 +1,6 @@
 #include "compare/noise_floor.h"
 #include "compare/pair_sums.h"
-#include "dumps/rows.h"
+#include "dumps/contract/rows.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,8 +8,8 @@
 #include <limits>
 #include <optional>
 
-#include "dumps/engine.h"
-#include "dumps/names.h"
+#include "dumps/contract/engine.h"
+#include "dumps/contract/names.h"
 
 namespace llmdiff::compare {
 

@@ -36,8 +36,8 @@
 #include <string>
 
 #include "compare/compare.h"
-#include "dumps/config.h"
-#include "dumps/dump.h"
+#include "dumps/model/config.h"
+#include "dumps/contract/dump.h"
 
 namespace llmdiff::compare {
 

@@ -3,9 +3,9 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "dumps/errors.h"
-#include "dumps/names.h"
-#include "dumps/sequences.h"
+#include "dumps/base/errors.h"
+#include "dumps/contract/names.h"
+#include "dumps/contract/sequences.h"
 
 namespace llmdiff::compare {
 

@@ -1,5 +1,5 @@
 #include "compare/parallel.h"
-#include "dumps/threads.h"
+#include "dumps/base/threads.h"
 
 #include <algorithm>
 

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <map>
 
-#include "dumps/names.h"
+#include "dumps/contract/names.h"
 
 namespace llmdiff::compare {
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "dumps/dump.h"
+#include "dumps/contract/dump.h"
 
 namespace llmdiff::compare {
 

@@ -9,7 +9,7 @@
 #include <limits>
 
 #include "compare/report.h"
-#include "dumps/errors.h"
+#include "dumps/base/errors.h"
 
 namespace llmdiff::compare {
 

@@ -11,7 +11,7 @@
 
 #include "compare/compare.h"
 #include "compare/tolerance.h"
-#include "dumps/config.h"
+#include "dumps/model/config.h"
 
 namespace llmdiff::compare {
 

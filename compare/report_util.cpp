@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "compare/report.h"
-#include "dumps/errors.h"
+#include "dumps/base/errors.h"
 
 namespace llmdiff::compare {
 

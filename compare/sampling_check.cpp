@@ -1,5 +1,5 @@
 #include "compare/sampling_check.h"
-#include "dumps/sequences.h"
+#include "dumps/contract/sequences.h"
 
 #include <algorithm>
 #include <cctype>
@@ -9,9 +9,9 @@
 #include <set>
 
 #include "compare/report.h"
-#include "dumps/bugs.h"
-#include "dumps/engine.h"
-#include "dumps/errors.h"
+#include "dumps/zoo/bugs.h"
+#include "dumps/contract/engine.h"
+#include "dumps/base/errors.h"
 
 namespace llmdiff::compare {
 

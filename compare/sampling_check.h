@@ -1,6 +1,6 @@
 // Checks a dump's sampler against HF's logits processors (docs/DUMP_FORMAT.md,
 // "Sampling"): at every step with step{N}.sample.*, the reference pipeline
-// (dumps/sampling.h) runs on the candidate's OWN next_logits and token
+// (dumps/sampling/sampling.h) runs on the candidate's OWN next_logits and token
 // history, and the candidate's sample.scores, sample.probs and sample.token
 // are judged against it. A model that computes other logits is not a sampler
 // bug: this check never looks at a reference model. When a step fails, every
@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "compare/tolerance.h"
-#include "dumps/dump.h"
-#include "dumps/sampling.h"
+#include "dumps/contract/dump.h"
+#include "dumps/sampling/sampling.h"
 
 namespace llmdiff::compare {
 

@@ -7,9 +7,9 @@
 
 #include "compare/local_error.h"
 #include "compare/signatures.h"
-#include "dumps/config.h"
-#include "dumps/dump.h"
-#include "dumps/names.h"
+#include "dumps/model/config.h"
+#include "dumps/contract/dump.h"
+#include "dumps/contract/names.h"
 
 namespace llmdiff::compare::sig {
 

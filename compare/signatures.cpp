@@ -7,8 +7,8 @@
 #include "compare/metrics.h"
 #include "compare/signature_finders.h"
 #include "compare/noise_floor.h"
-#include "dumps/dtype.h"
-#include "dumps/names.h"
+#include "dumps/base/dtype.h"
+#include "dumps/contract/names.h"
 
 namespace llmdiff::compare {
 

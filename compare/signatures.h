@@ -32,8 +32,8 @@
 #include <vector>
 
 #include "compare/local_error.h"
-#include "dumps/config.h"
-#include "dumps/dump.h"
+#include "dumps/model/config.h"
+#include "dumps/contract/dump.h"
 
 namespace llmdiff::compare {
 

@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "dumps/errors.h"
-#include "dumps/names.h"
+#include "dumps/base/errors.h"
+#include "dumps/contract/names.h"
 
 namespace llmdiff::compare {
 

@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "dumps/config.h"
-#include "dumps/dump.h"
+#include "dumps/model/config.h"
+#include "dumps/contract/dump.h"
 
 namespace llmdiff::compare {
 

@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <string>
 
-#include "dumps/config.h"
-#include "dumps/errors.h"
+#include "dumps/model/config.h"
+#include "dumps/base/errors.h"
 #include "fuzz/fuzz_common.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

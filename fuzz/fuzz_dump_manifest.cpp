@@ -5,14 +5,14 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "dumps/config.h"
-#include "dumps/dump.h"
-#include "dumps/errors.h"
+#include "dumps/model/config.h"
+#include "dumps/contract/dump.h"
+#include "dumps/base/errors.h"
 #include "fuzz/fuzz_common.h"
-#include "dumps/names.h"
-#include "dumps/precision.h"
-#include "dumps/safetensors.h"
-#include "dumps/sampling.h"
+#include "dumps/contract/names.h"
+#include "dumps/contract/precision.h"
+#include "dumps/formats/safetensors.h"
+#include "dumps/sampling/sampling.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace llmdiff;

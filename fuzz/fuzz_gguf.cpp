@@ -7,10 +7,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "dumps/errors.h"
+#include "dumps/base/errors.h"
 #include "fuzz/fuzz_common.h"
-#include "dumps/ggml_types.h"
-#include "dumps/gguf.h"
+#include "dumps/formats/ggml_types.h"
+#include "dumps/formats/gguf.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace llmdiff;

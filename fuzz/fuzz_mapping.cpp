@@ -5,9 +5,9 @@
 #include <cstdint>
 #include <string>
 
-#include "dumps/errors.h"
-#include "dumps/import.h"
-#include "dumps/import_ops.h"
+#include "dumps/base/errors.h"
+#include "dumps/import/import.h"
+#include "dumps/import/import_ops.h"
 #include "fuzz/fuzz_common.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

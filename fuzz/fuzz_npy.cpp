@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <string>
 
-#include "dumps/errors.h"
-#include "dumps/npy.h"
+#include "dumps/base/errors.h"
+#include "dumps/formats/npy.h"
 #include "fuzz/fuzz_common.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

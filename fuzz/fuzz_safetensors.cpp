@@ -5,9 +5,9 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "dumps/errors.h"
+#include "dumps/base/errors.h"
 #include "fuzz/fuzz_common.h"
-#include "dumps/safetensors.h"
+#include "dumps/formats/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {

@@ -10,10 +10,10 @@
 #include <map>
 #include <sstream>
 
-#include "dumps/engine.h"
-#include "dumps/errors.h"
-#include "dumps/names.h"
-#include "dumps/sequences.h"
+#include "dumps/contract/engine.h"
+#include "dumps/base/errors.h"
+#include "dumps/contract/names.h"
+#include "dumps/contract/sequences.h"
 #include "impl/cache_views.h"
 #include "impl/kernels.h"
 #include "impl/rope.h"

@@ -24,11 +24,11 @@
 #include <string>
 #include <vector>
 
-#include "dumps/bugs.h"
-#include "dumps/dump.h"
-#include "dumps/observer.h"
-#include "dumps/sampling.h"
-#include "dumps/weights.h"
+#include "dumps/zoo/bugs.h"
+#include "dumps/contract/dump.h"
+#include "dumps/contract/observer.h"
+#include "dumps/sampling/sampling.h"
+#include "dumps/model/weights.h"
 
 namespace llmdiff::impl {
 

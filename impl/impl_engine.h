@@ -5,11 +5,11 @@
 #include <string>
 #include <vector>
 
-#include "dumps/config.h"
-#include "dumps/engine.h"
-#include "dumps/precision.h"
-#include "dumps/weights.h"
-#include "dumps/bugs.h"
+#include "dumps/model/config.h"
+#include "dumps/contract/engine.h"
+#include "dumps/contract/precision.h"
+#include "dumps/model/weights.h"
+#include "dumps/zoo/bugs.h"
 
 namespace llmdiff::impl {
 

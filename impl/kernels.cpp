@@ -13,8 +13,8 @@
 #include <string>
 #include <type_traits>
 
-#include "dumps/errors.h"
-#include "dumps/gguf_model.h"
+#include "dumps/base/errors.h"
+#include "dumps/model/gguf_model.h"
 
 namespace llmdiff::impl {
 

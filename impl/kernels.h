@@ -10,8 +10,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "dumps/dtype.h"
-#include "dumps/weights.h"
+#include "dumps/base/dtype.h"
+#include "dumps/model/weights.h"
 #include "impl/thread_pool.h"
 
 namespace llmdiff::impl {

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "dumps/errors.h"
-#include "dumps/names.h"
+#include "dumps/base/errors.h"
+#include "dumps/contract/names.h"
 #include "impl/cache_views.h"
 #include "impl/impl_engine.h"
 #include "impl/kernels.h"

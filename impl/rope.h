@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "dumps/config.h"
+#include "dumps/model/config.h"
 
 namespace llmdiff::impl {
 

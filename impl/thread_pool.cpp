@@ -1,5 +1,5 @@
 #include "impl/thread_pool.h"
-#include "dumps/threads.h"
+#include "dumps/base/threads.h"
 
 namespace llmdiff::impl {
 

@@ -4,7 +4,7 @@
 // and the family's mask construction are config fields), as one site table
 // (Graph::compute_uncached) evaluated on demand.
 #include "ref/graph.h"
-#include "dumps/rows.h"
+#include "dumps/contract/rows.h"
 
 #include <malloc.h>
 
@@ -15,9 +15,9 @@
 #include <limits>
 #include <tuple>
 
-#include "dumps/engine.h"
-#include "dumps/errors.h"
-#include "dumps/names.h"
+#include "dumps/contract/engine.h"
+#include "dumps/base/errors.h"
+#include "dumps/contract/names.h"
 
 namespace llmdiff::ref {
 
@@ -399,7 +399,7 @@ torch::Tensor Graph::read(const TensorSource& from, const CanonName& c, const st
       if (&from != dump_)
         throw UsageError(from.label() + ": " + name + " holds some of its rows only; a shard of the layers starts "
                          "from every row of the residual stream");
-      // Some of the step's token rows only (dumps/rows.h): teacher-forced
+      // Some of the step's token rows only (dumps/contract/rows.h): teacher-forced
       // on those rows, the others the reference's own values, so that every
       // op reads whole tensors.
       const Value* v = compute(name);

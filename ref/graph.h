@@ -15,7 +15,7 @@
 //  - teacher-forced recompute (Inputs::Dump): a site that a dump holds is
 //    read from it, the others recomputed, so each op is judged on the
 //    candidate's own inputs (local errors);
-//  - hypothesis variants: a bug of the zoo (dumps/bugs.h) changes the config
+//  - hypothesis variants: a bug of the zoo (dumps/zoo/bugs.h) changes the config
 //    (applied before the graph is built) or swaps an op (zoo::Faults).
 //
 // Numbers are those of HF's eager path: each op is the same libtorch call
@@ -31,11 +31,11 @@
 #include <string>
 #include <vector>
 
-#include "dumps/bugs.h"
-#include "dumps/config.h"
-#include "dumps/dump.h"
-#include "dumps/layer_window.h"
-#include "dumps/weights.h"
+#include "dumps/zoo/bugs.h"
+#include "dumps/model/config.h"
+#include "dumps/contract/dump.h"
+#include "dumps/contract/layer_window.h"
+#include "dumps/model/weights.h"
 #include "ref/ops.h"
 #include "ref/weights.h"
 
@@ -80,9 +80,9 @@ struct GraphOptions {
   // (_prepare_4d_causal_attention_mask_with_cache_position with an
   // attention_mask), at position 1, the real tokens at 0, 1, ...
   // (attention_mask.cumsum(-1) - 1, pads set to 1). The caller strips the
-  // pad rows and key columns from what it reports (dumps/padding.h).
+  // pad rows and key columns from what it reports (dumps/contract/padding.h).
   int64_t left_pad = 0;
-  // A shard of the layers (Inputs::Tokens, dumps/layer_window.h): the
+  // A shard of the layers (Inputs::Tokens, dumps/contract/layer_window.h): the
   // residual stream entering window.first is read from window.boundary, the
   // layers below it are never computed.
   LayerWindow window;

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <limits>
 
-#include "dumps/errors.h"
+#include "dumps/base/errors.h"
 
 namespace llmdiff::ref::ops {
 

@@ -17,7 +17,7 @@
 
 #include <functional>
 
-#include "dumps/config.h"
+#include "dumps/model/config.h"
 
 namespace llmdiff::ref::ops {
 

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <numeric>
 
-#include "dumps/errors.h"
+#include "dumps/base/errors.h"
 #include "ref/ops.h"
 
 namespace llmdiff::ref::ops {

@@ -3,7 +3,7 @@
 // cache between calls), as LlamaForCausalLM.forward / Qwen2ForCausalLM /
 // Qwen3ForCausalLM of transformers 4.51.3 run under generate().
 #include "ref/ref_engine.h"
-#include "dumps/threads.h"
+#include "dumps/base/threads.h"
 
 #include <dlfcn.h>
 
@@ -12,8 +12,8 @@
 #include <thread>
 #include <vector>
 
-#include "dumps/errors.h"
-#include "dumps/names.h"
+#include "dumps/base/errors.h"
+#include "dumps/contract/names.h"
 #include "ref/graph.h"
 #include "ref/ops.h"
 #include "ref/weights.h"

@@ -3,9 +3,9 @@
 #pragma once
 #include <memory>
 
-#include "dumps/config.h"
-#include "dumps/engine.h"
-#include "dumps/weights.h"
+#include "dumps/model/config.h"
+#include "dumps/contract/engine.h"
+#include "dumps/model/weights.h"
 
 namespace llmdiff::ref {
 

@@ -1,12 +1,12 @@
 #include "ref/weights.h"
-#include "dumps/threads.h"
+#include "dumps/base/threads.h"
 
 #include <algorithm>
 #include <future>
 #include <string>
 #include <thread>
 
-#include "dumps/errors.h"
+#include "dumps/base/errors.h"
 #include "ref/ops.h"
 
 namespace llmdiff::ref {

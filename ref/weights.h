@@ -5,7 +5,7 @@
 
 #include <vector>
 
-#include "dumps/weights.h"
+#include "dumps/model/weights.h"
 
 namespace llmdiff::ref {
 

@@ -16,9 +16,9 @@
 #include <set>
 #include <thread>
 
-#include "dumps/errors.h"
-#include "dumps/files.h"
-#include "dumps/threads.h"
+#include "dumps/base/errors.h"
+#include "dumps/base/files.h"
+#include "dumps/base/threads.h"
 
 namespace llmdiff::synth {
 

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "dumps/config.h"
-#include "dumps/dtype.h"
-#include "dumps/safetensors.h"
+#include "dumps/model/config.h"
+#include "dumps/base/dtype.h"
+#include "dumps/formats/safetensors.h"
 
 namespace llmdiff::synth {
 

@@ -6,8 +6,8 @@
 #include <map>
 #include <set>
 
-#include "dumps/errors.h"
-#include "dumps/files.h"
+#include "dumps/base/errors.h"
+#include "dumps/base/files.h"
 
 namespace llmdiff::synth {
 

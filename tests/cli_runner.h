@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "cli/commands.h"
-#include "dumps/errors.h"
+#include "dumps/base/errors.h"
 #include "tests/support.h"
 
 namespace llmdiff::testing {

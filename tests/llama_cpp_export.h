@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "dumps/config.h"
-#include "dumps/dump.h"
-#include "dumps/import_ops.h"
-#include "dumps/safetensors.h"
+#include "dumps/model/config.h"
+#include "dumps/contract/dump.h"
+#include "dumps/import/import_ops.h"
+#include "dumps/formats/safetensors.h"
 
 namespace llmdiff::testing {
 

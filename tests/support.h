@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "dumps/dump.h"
+#include "dumps/contract/dump.h"
 
 namespace llmdiff::testing {
 

@@ -8,8 +8,8 @@
 
 #include "cli/common.h"
 #include "synth/synth.h"
-#include "dumps/dump.h"
-#include "dumps/engine.h"
+#include "dumps/contract/dump.h"
+#include "dumps/contract/engine.h"
 #include "tests/support.h"
 
 using namespace llmdiff;

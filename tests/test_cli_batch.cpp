@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "dumps/dump.h"
-#include "dumps/errors.h"
-#include "dumps/names.h"
-#include "dumps/sequences.h"
-#include "dumps/sampling.h"
+#include "dumps/contract/dump.h"
+#include "dumps/base/errors.h"
+#include "dumps/contract/names.h"
+#include "dumps/contract/sequences.h"
+#include "dumps/sampling/sampling.h"
 #include "tests/cli_runner.h"
 #include "tests/support.h"
 

@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "dumps/bugs.h"
-#include "dumps/dump.h"
-#include "dumps/sequences.h"
+#include "dumps/zoo/bugs.h"
+#include "dumps/contract/dump.h"
+#include "dumps/contract/sequences.h"
 #include "tests/cli_runner.h"
 #include "tests/support.h"
 

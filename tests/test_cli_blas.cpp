@@ -1,4 +1,4 @@
-// The BLAS kernels the llmdiff binary computes with (dumps/blas_core.h): on
+// The BLAS kernels the llmdiff binary computes with (dumps/base/blas_core.h): on
 // a CPU that the loaded OpenBLAS does not know, the kernels its instructions
 // allow, not the generic ones; a user's OPENBLAS_CORETYPE is kept.
 #include <gtest/gtest.h>
@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "dumps/blas_core.h"
+#include "dumps/base/blas_core.h"
 #include "tests/support.h"
 
 using namespace llmdiff;

@@ -5,9 +5,9 @@
 #include <vector>
 
 #include "cli/common.h"
-#include "dumps/dump.h"
-#include "dumps/engine.h"
-#include "dumps/weights.h"
+#include "dumps/contract/dump.h"
+#include "dumps/contract/engine.h"
+#include "dumps/model/weights.h"
 #include "tests/cli_runner.h"
 #include "tests/support.h"
 

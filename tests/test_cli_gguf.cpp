@@ -10,11 +10,11 @@
 #include <functional>
 #include <map>
 
-#include "dumps/config.h"
-#include "dumps/dump.h"
-#include "dumps/errors.h"
-#include "dumps/gguf.h"
-#include "dumps/weights.h"
+#include "dumps/model/config.h"
+#include "dumps/contract/dump.h"
+#include "dumps/base/errors.h"
+#include "dumps/formats/gguf.h"
+#include "dumps/model/weights.h"
 #include "tests/cli_runner.h"
 #include "tests/support.h"
 #include "tests/test_cli_diff_helpers.h"

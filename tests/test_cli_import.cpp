@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "cli_runner.h"
-#include "dumps/config.h"
-#include "dumps/dump.h"
+#include "dumps/model/config.h"
+#include "dumps/contract/dump.h"
 #include "llama_cpp_export.h"
 #include "support.h"
 

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "dumps/dump.h"
-#include "dumps/names.h"
+#include "dumps/contract/dump.h"
+#include "dumps/contract/names.h"
 #include "tests/cli_runner.h"
 #include "tests/support.h"
 

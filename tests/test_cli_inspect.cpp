@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "dumps/dump.h"
+#include "dumps/contract/dump.h"
 #include "tests/cli_runner.h"
 #include "tests/support.h"
 

@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 
-#include "dumps/sequences.h"
+#include "dumps/contract/sequences.h"
 #include "tests/test_cli_diff_helpers.h"
 
 using namespace llmdiff;

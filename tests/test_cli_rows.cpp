@@ -6,8 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_runner.h"
-#include "dumps/dump.h"
-#include "dumps/rows.h"
+#include "dumps/contract/dump.h"
+#include "dumps/contract/rows.h"
 #include "support.h"
 
 namespace llmdiff {

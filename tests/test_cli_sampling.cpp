@@ -6,8 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "dumps/dump.h"
-#include "dumps/sampling.h"
+#include "dumps/contract/dump.h"
+#include "dumps/sampling/sampling.h"
 #include "tests/cli_runner.h"
 #include "tests/support.h"
 

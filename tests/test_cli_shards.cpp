@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "dumps/config.h"
-#include "dumps/names.h"
-#include "dumps/files.h"
+#include "dumps/model/config.h"
+#include "dumps/contract/names.h"
+#include "dumps/base/files.h"
 #include "tests/cli_runner.h"
 #include "tests/support.h"
 

@@ -10,9 +10,9 @@
 #include <nlohmann/json.hpp>
 
 #include "synth/synth.h"
-#include "dumps/dump.h"
-#include "dumps/errors.h"
-#include "dumps/weights.h"
+#include "dumps/contract/dump.h"
+#include "dumps/base/errors.h"
+#include "dumps/model/weights.h"
 #include "impl/impl_engine.h"
 #include "tests/cli_runner.h"
 #include "tests/support.h"

@@ -16,8 +16,8 @@
 
 #include "bench/support.h"
 #include "synth/synth.h"
-#include "dumps/errors.h"
-#include "dumps/weights.h"
+#include "dumps/base/errors.h"
+#include "dumps/model/weights.h"
 #include "tests/cli_runner.h"
 #include "tests/support.h"
 

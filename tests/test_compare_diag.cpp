@@ -13,7 +13,7 @@
 #include "compare/diagnose.h"
 #include "compare/local_error.h"
 #include "compare/noise_floor.h"
-#include "dumps/errors.h"
+#include "dumps/base/errors.h"
 #include "tests/test_compare_helpers.h"
 
 using namespace llmdiff;

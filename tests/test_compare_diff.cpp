@@ -9,7 +9,7 @@
 
 #include "compare/compare.h"
 #include "compare/regress.h"
-#include "dumps/errors.h"
+#include "dumps/base/errors.h"
 #include "tests/test_compare_helpers.h"
 
 using namespace llmdiff;

@@ -16,7 +16,7 @@
 #include "compare/metrics.h"
 #include "compare/noise_floor.h"
 #include "compare/parallel.h"
-#include "dumps/dtype.h"
+#include "dumps/base/dtype.h"
 #include "tests/test_compare_helpers.h"
 
 using namespace llmdiff;

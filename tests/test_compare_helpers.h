@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "dumps/dump.h"
+#include "dumps/contract/dump.h"
 #include "tests/support.h"
 
 namespace llmdiff::testing {

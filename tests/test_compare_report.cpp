@@ -9,8 +9,8 @@
 #include <regex>
 
 #include "compare/report.h"
-#include "dumps/files.h"
-#include "dumps/errors.h"
+#include "dumps/base/files.h"
+#include "dumps/base/errors.h"
 #include "tests/test_compare_helpers.h"
 
 using namespace llmdiff;

@@ -1,4 +1,4 @@
-// The sampler (dumps/sampling.h) against HF's own `generate`: the golden
+// The sampler (dumps/sampling/sampling.h) against HF's own `generate`: the golden
 // sample dumps' processed scores and probabilities are reproduced bit for
 // bit from their next_logits; the sampling check passes them, and names each
 // sampler bug of the zoo from a candidate whose sample.* it changed.
@@ -10,11 +10,11 @@
 #include <limits>
 
 #include "compare/sampling_check.h"
-#include "dumps/bugs.h"
-#include "dumps/dump.h"
-#include "dumps/errors.h"
-#include "dumps/names.h"
-#include "dumps/sampling.h"
+#include "dumps/zoo/bugs.h"
+#include "dumps/contract/dump.h"
+#include "dumps/base/errors.h"
+#include "dumps/contract/names.h"
+#include "dumps/sampling/sampling.h"
 #include "tests/support.h"
 
 using namespace llmdiff;

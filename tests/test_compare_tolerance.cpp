@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "compare/tolerance.h"
-#include "dumps/errors.h"
+#include "dumps/base/errors.h"
 
 using namespace llmdiff;
 using namespace llmdiff::compare;

@@ -4,8 +4,8 @@
 
 #include <cmath>
 
-#include "dumps/config.h"
-#include "dumps/errors.h"
+#include "dumps/model/config.h"
+#include "dumps/base/errors.h"
 #include "tests/support.h"
 #include "tests/test_dumps_helpers.h"
 

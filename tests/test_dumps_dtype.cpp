@@ -8,7 +8,7 @@
 #include <limits>
 #include <random>
 
-#include "dumps/dtype.h"
+#include "dumps/base/dtype.h"
 
 namespace llmdiff {
 namespace {

@@ -11,13 +11,13 @@
 #include <numeric>
 #include <thread>
 
-#include "dumps/config.h"
-#include "dumps/dump.h"
-#include "dumps/engine.h"
-#include "dumps/errors.h"
-#include "dumps/files.h"
-#include "dumps/sites.h"
-#include "dumps/weights.h"
+#include "dumps/model/config.h"
+#include "dumps/contract/dump.h"
+#include "dumps/contract/engine.h"
+#include "dumps/base/errors.h"
+#include "dumps/base/files.h"
+#include "dumps/contract/sites.h"
+#include "dumps/model/weights.h"
 #include "tests/support.h"
 #include "tests/test_dumps_helpers.h"
 

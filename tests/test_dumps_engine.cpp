@@ -5,9 +5,9 @@
 
 #include <cmath>
 
-#include "dumps/dump.h"
-#include "dumps/engine.h"
-#include "dumps/errors.h"
+#include "dumps/contract/dump.h"
+#include "dumps/contract/engine.h"
+#include "dumps/base/errors.h"
 #include "tests/support.h"
 #include "tests/test_dumps_helpers.h"
 

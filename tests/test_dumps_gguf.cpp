@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "dumps/errors.h"
-#include "dumps/ggml_types.h"
-#include "dumps/gguf.h"
+#include "dumps/base/errors.h"
+#include "dumps/formats/ggml_types.h"
+#include "dumps/formats/gguf.h"
 #include "tests/support.h"
 #include "tests/test_dumps_helpers.h"
 

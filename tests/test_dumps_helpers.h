@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "dumps/errors.h"
+#include "dumps/base/errors.h"
 #include "tests/support.h"
 
 namespace llmdiff::testing {

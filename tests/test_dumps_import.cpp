@@ -6,12 +6,12 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "dumps/config.h"
-#include "dumps/errors.h"
-#include "dumps/foreign.h"
-#include "dumps/import.h"
-#include "dumps/import_ops.h"
-#include "dumps/import_pattern.h"
+#include "dumps/model/config.h"
+#include "dumps/base/errors.h"
+#include "dumps/import/foreign.h"
+#include "dumps/import/import.h"
+#include "dumps/import/import_ops.h"
+#include "dumps/import/import_pattern.h"
 #include "support.h"
 #include "test_dumps_helpers.h"
 

@@ -7,10 +7,10 @@
 #include <random>
 #include <set>
 
-#include "dumps/config.h"
-#include "dumps/dump.h"
-#include "dumps/errors.h"
-#include "dumps/safetensors.h"
+#include "dumps/model/config.h"
+#include "dumps/contract/dump.h"
+#include "dumps/base/errors.h"
+#include "dumps/formats/safetensors.h"
 #include "tests/support.h"
 #include "tests/test_dumps_helpers.h"
 

@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <random>
 
-#include "dumps/config.h"
-#include "dumps/dump.h"
-#include "dumps/names.h"
+#include "dumps/model/config.h"
+#include "dumps/contract/dump.h"
+#include "dumps/contract/names.h"
 #include "tests/support.h"
 #include "tests/test_dumps_helpers.h"
 

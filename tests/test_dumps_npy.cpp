@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "dumps/errors.h"
-#include "dumps/npy.h"
+#include "dumps/base/errors.h"
+#include "dumps/formats/npy.h"
 
 using namespace llmdiff;
 

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "dumps/errors.h"
-#include "dumps/ggml_types.h"
+#include "dumps/base/errors.h"
+#include "dumps/formats/ggml_types.h"
 
 namespace llmdiff {
 namespace {

@@ -10,9 +10,9 @@
 #include <cstring>
 #include <limits>
 
-#include "dumps/dtype.h"
-#include "dumps/errors.h"
-#include "dumps/safetensors.h"
+#include "dumps/base/dtype.h"
+#include "dumps/base/errors.h"
+#include "dumps/formats/safetensors.h"
 #include "tests/support.h"
 #include "tests/test_dumps_helpers.h"
 

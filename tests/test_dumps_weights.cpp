@@ -5,10 +5,10 @@
 
 #include <cstring>
 
-#include "dumps/config.h"
-#include "dumps/errors.h"
-#include "dumps/safetensors.h"
-#include "dumps/weights.h"
+#include "dumps/model/config.h"
+#include "dumps/base/errors.h"
+#include "dumps/formats/safetensors.h"
+#include "dumps/model/weights.h"
 #include "tests/support.h"
 #include "tests/test_dumps_helpers.h"
 

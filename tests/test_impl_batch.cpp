@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "dumps/dump.h"
-#include "dumps/errors.h"
-#include "dumps/names.h"
-#include "dumps/sequences.h"
+#include "dumps/contract/dump.h"
+#include "dumps/base/errors.h"
+#include "dumps/contract/names.h"
+#include "dumps/contract/sequences.h"
 #include "impl/batch_engine.h"
 #include "impl/impl_engine.h"
 #include "tests/support.h"

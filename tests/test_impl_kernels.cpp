@@ -9,8 +9,8 @@
 #include <random>
 #include <stdexcept>
 
-#include "dumps/config.h"
-#include "dumps/dtype.h"
+#include "dumps/model/config.h"
+#include "dumps/base/dtype.h"
 #include "impl/kernels.h"
 #include "impl/rope.h"
 #include "impl/thread_pool.h"

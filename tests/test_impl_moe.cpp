@@ -16,13 +16,13 @@
 #include <set>
 #include <sys/stat.h>
 
-#include "dumps/bugs.h"
-#include "dumps/dump.h"
-#include "dumps/engine.h"
-#include "dumps/errors.h"
-#include "dumps/names.h"
-#include "dumps/safetensors.h"
-#include "dumps/weights.h"
+#include "dumps/zoo/bugs.h"
+#include "dumps/contract/dump.h"
+#include "dumps/contract/engine.h"
+#include "dumps/base/errors.h"
+#include "dumps/contract/names.h"
+#include "dumps/formats/safetensors.h"
+#include "dumps/model/weights.h"
 #include "impl/impl_engine.h"
 #include "impl/kernels.h"
 #include "tests/support.h"

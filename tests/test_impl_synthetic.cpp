@@ -8,10 +8,10 @@
 #include <random>
 #include <sys/stat.h>
 
-#include "dumps/dump.h"
-#include "dumps/engine.h"
-#include "dumps/safetensors.h"
-#include "dumps/weights.h"
+#include "dumps/contract/dump.h"
+#include "dumps/contract/engine.h"
+#include "dumps/formats/safetensors.h"
+#include "dumps/model/weights.h"
 #include "impl/impl_engine.h"
 #include "tests/support.h"
 

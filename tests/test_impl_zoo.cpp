@@ -6,12 +6,12 @@
 #include <cstring>
 #include <set>
 
-#include "dumps/dump.h"
-#include "dumps/engine.h"
-#include "dumps/errors.h"
-#include "dumps/names.h"
-#include "dumps/weights.h"
-#include "dumps/bugs.h"
+#include "dumps/contract/dump.h"
+#include "dumps/contract/engine.h"
+#include "dumps/base/errors.h"
+#include "dumps/contract/names.h"
+#include "dumps/model/weights.h"
+#include "dumps/zoo/bugs.h"
 #include "impl/impl_engine.h"
 #include "tests/support.h"
 

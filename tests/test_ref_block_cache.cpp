@@ -9,9 +9,9 @@
 #include <thread>
 #include <vector>
 
-#include "dumps/dump.h"
-#include "dumps/engine.h"
-#include "dumps/weights.h"
+#include "dumps/contract/dump.h"
+#include "dumps/contract/engine.h"
+#include "dumps/model/weights.h"
 #include "ref/block_cache.h"
 #include "ref/ref_engine.h"
 #include "tests/support.h"

@@ -9,12 +9,12 @@
 #include <string>
 #include <vector>
 
-#include "dumps/dump.h"
-#include "dumps/engine.h"
-#include "dumps/weights.h"
+#include "dumps/contract/dump.h"
+#include "dumps/contract/engine.h"
+#include "dumps/model/weights.h"
 #include "ref/ref_engine.h"
 #include "ref/weights.h"
-#include "dumps/errors.h"
+#include "dumps/base/errors.h"
 #include "tests/support.h"
 
 namespace llmdiff {

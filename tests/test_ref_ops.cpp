@@ -7,11 +7,11 @@
 #include <cmath>
 #include <vector>
 
-#include "dumps/config.h"
-#include "dumps/dtype.h"
-#include "dumps/engine.h"
-#include "dumps/errors.h"
-#include "dumps/weights.h"
+#include "dumps/model/config.h"
+#include "dumps/base/dtype.h"
+#include "dumps/contract/engine.h"
+#include "dumps/base/errors.h"
+#include "dumps/model/weights.h"
 #include "ref/ops.h"
 #include "ref/ref_engine.h"
 #include "tests/support.h"

@@ -16,10 +16,10 @@
 #include <string>
 #include <vector>
 
-#include "dumps/dump.h"
-#include "dumps/engine.h"
-#include "dumps/names.h"
-#include "dumps/sequences.h"
+#include "dumps/contract/dump.h"
+#include "dumps/contract/engine.h"
+#include "dumps/contract/names.h"
+#include "dumps/contract/sequences.h"
 #include "ref/ref_engine.h"
 #include "tests/support.h"
 

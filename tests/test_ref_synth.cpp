@@ -16,11 +16,11 @@
 #include <string>
 #include <vector>
 
-#include "dumps/dtype.h"
-#include "dumps/dump.h"
-#include "dumps/engine.h"
-#include "dumps/safetensors.h"
-#include "dumps/weights.h"
+#include "dumps/base/dtype.h"
+#include "dumps/contract/dump.h"
+#include "dumps/contract/engine.h"
+#include "dumps/formats/safetensors.h"
+#include "dumps/model/weights.h"
 #include "ref/ref_engine.h"
 #include "tests/support.h"
 

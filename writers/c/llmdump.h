@@ -1,6 +1,6 @@
 /* llmdump.h - single-header C99 writer of llm-dump/1 files (see docs/DUMP_FORMAT.md).
  *
- * Produces files byte-identical to llmdiff's own writer (dumps/safetensors.cpp,
+ * Produces files byte-identical to llmdiff's own writer (dumps/formats/safetensors.cpp,
  * DumpWriter) for the same tensors added in the same order and the same manifest.
  *
  *   #define LLMDUMP_IMPLEMENTATION   // in exactly one C or C++ file

@@ -1,6 +1,6 @@
 """llmdump: write llm-dump/1 files (docs/DUMP_FORMAT.md) from Python/numpy.
 
-Files are byte-identical to llmdiff's own writer (dumps/safetensors.cpp,
+Files are byte-identical to llmdiff's own writer (dumps/formats/safetensors.cpp,
 DumpWriter) for the same tensors added in the same order and the same manifest.
 
     import llmdump

@@ -6,7 +6,7 @@
 #include <exception>
 #include <filesystem>
 
-#include "dumps/dump.h"
+#include "dumps/contract/dump.h"
 
 int main(int argc, char** argv) {
   if (argc < 3 || argc % 2 != 1) {

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "dumps/dump.h"
+#include "dumps/contract/dump.h"
 #include "llmdump.h"
 
 namespace {

@@ -1,0 +1,87 @@
+#include "dumps/contract/consistency.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "dumps/base/errors.h"
+#include "dumps/contract/names.h"
+
+namespace llmdiff {
+
+namespace {
+
+// The architecture fields two configs of one model share.
+void check_same_model(const TensorSource& dump, const ModelConfig& model) {
+  if (dump.manifest().config.empty()) return;
+  ModelConfig d;
+  try {
+    d = parse_config(dump.manifest().config, dump.label() + " manifest config");
+  } catch (const ConfigError&) {
+    return;  // an unparsable manifest config says nothing about the model; inspect reports it
+  }
+  const std::vector<std::tuple<const char*, int64_t, int64_t>> fields = {
+      {"hidden_size", d.hidden_size, model.hidden_size},
+      {"num_hidden_layers", d.num_hidden_layers, model.num_hidden_layers},
+      {"num_attention_heads", d.num_attention_heads, model.num_attention_heads},
+      {"num_key_value_heads", d.num_key_value_heads, model.num_key_value_heads},
+      {"head_dim", d.head_dim, model.head_dim},
+      {"intermediate_size", d.intermediate_size, model.intermediate_size},
+      {"vocab_size", d.vocab_size, model.vocab_size}};
+  std::string differ;
+  for (const auto& [field, a, b] : fields)
+    if (a != b)
+      differ += (differ.empty() ? "" : ", ") + std::string(field) + " " + std::to_string(a) + " (model: " +
+                std::to_string(b) + ")";
+  if (d.family != model.family)
+    differ = "model_type '" + d.model_type + "' (model: '" + model.model_type + "')" + (differ.empty() ? "" : ", ") + differ;
+  if (!differ.empty())
+    throw ConfigError(dump.label(), "the dump's manifest config describes another model than " + model.source +
+                                        ": " + differ);
+}
+
+}  // namespace
+
+void check_dump_against_model(const TensorSource& dump, const ModelConfig& model) {
+  check_same_model(dump, model);
+  const std::vector<std::string> names = dump.names();
+  for (const std::string& n : names) {
+    const CanonName c = parse_name(n);
+    if (c.kind == CanonName::Kind::Layer && c.layer >= model.num_hidden_layers)
+      throw FormatError(dump.label(), n, "layer " + std::to_string(c.layer) + " but the model (" + model.source +
+                                             ") has " + std::to_string(model.num_hidden_layers) + " layers");
+  }
+  const std::vector<std::vector<int64_t>> steps = dump.step_tokens();
+  for (size_t s = 0; s < steps.size(); ++s)
+    for (size_t i = 0; i < steps[s].size(); ++i)
+      if (steps[s][i] < 0 || steps[s][i] >= model.vocab_size)
+        throw FormatError(dump.label(), step_name(int(s), "tokens"),
+                          "token " + std::to_string(steps[s][i]) + " at index " + std::to_string(i) +
+                              " is outside the vocabulary [0, " + std::to_string(model.vocab_size) + ")");
+  // Steps out of order: all positions together are 0..N-1 once each, yet
+  // some step does not start where the calls before it end.
+  std::vector<std::vector<int64_t>> pos;
+  for (size_t s = 0; s < steps.size(); ++s) {
+    const std::string name = step_name(int(s), "positions");
+    if (!dump.has(name)) return;
+    const TensorData p = dump.get(name);
+    if (!p.is_int || p.i.size() != steps[s].size()) return;  // the comparison reports it
+    pos.push_back(p.i);
+  }
+  std::vector<int64_t> all;
+  for (const auto& p : pos) all.insert(all.end(), p.begin(), p.end());
+  std::sort(all.begin(), all.end());
+  for (size_t i = 0; i < all.size(); ++i)
+    if (all[i] != int64_t(i)) return;  // not a permutation of the calls' positions: judged by the bisection
+  int64_t at = 0;
+  for (size_t s = 0; s < pos.size(); ++s) {
+    if (!pos[s].empty() && pos[s].front() != at)
+      throw FormatError(dump.label(), step_name(int(s), "positions"),
+                        "the forward calls are out of order: step " + std::to_string(s) + " starts at position " +
+                            std::to_string(pos[s].front()) + " but the " + std::to_string(s) +
+                            " calls before it hold " + std::to_string(at) + " tokens");
+    at += int64_t(pos[s].size());
+  }
+}
+
+}  // namespace llmdiff

@@ -1,0 +1,39 @@
+// Row subsets of per-token tensors (docs/DUMP_FORMAT.md, "Row subsets"): a
+// step may hold some tensors for only some of its tokens — llama.cpp computes
+// the last layer's feed-forward, the final norm and the logits for the output
+// tokens only. `step{N}.rows` (I64 [R], ascending) lists those tokens; a
+// per-token tensor of that step whose token axis has R entries holds exactly
+// them. Readers attach the rows to the tensor (TensorData::rows); whoever
+// compares it with a whole tensor takes the same rows of that one.
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dumps/contract/dump.h"
+
+namespace llmdiff {
+
+// The axis of a per-token site that runs over the step's tokens: 0 for
+// [T, ...] sites, 1 for head-major ones ([H, T, ...]); nullopt for sites
+// that are not per token (caches, repeat_kv, last_hidden, next_logits, ...).
+std::optional<int> token_axis(const std::string& site);
+
+// "step3.rows" for "step3.layers.1.out" ("seq1.step3.rows" for a sequence's
+// name); empty for a name outside any step.
+std::string rows_name_for(const std::string& name);
+
+// Sets t.rows from `src`'s rows of t's step when t's token axis holds R of
+// them. Throws FormatError when the rows tensor is malformed (not I64 [R],
+// not ascending, negative).
+void attach_rows(const TensorSource& src, TensorData& t);
+
+// `full`'s rows `rows` along `axis`.
+TensorData select_rows(const TensorData& full, const std::vector<int64_t>& rows, int axis);
+
+// `full` restricted to the rows `part` holds, when `part` holds a subset and
+// `full` has every row (more rows than `part` along the token axis, the
+// other dims equal); else `full` unchanged.
+TensorData rows_like(TensorData full, const TensorData& part);
+
+}  // namespace llmdiff
