@@ -13,16 +13,17 @@
 
 int main(int argc, char** argv) {
   // OpenBLAS chose its kernels when it was loaded, by the CPU's model number:
-  // a CPU newer than the library gets its generic SSE3 kernels, 4-5x slower
+  // a CPU newer than the library gets its generic SSE3 kernels, far slower
   // than those its instructions allow (dumps/base/blas_core.h). The process
   // starts again, once, with those named.
   llmdiff::restart_with_better_blas(argv);
   // libtorch allocates a fresh buffer for every op result, and a bisection
   // makes the same shapes layer after layer, run after run: buffers of at
   // least 256 KiB come from a cache of freed blocks (ref/block_cache.h),
-  // whose pages stay mapped. 512 MiB of them: a TinyLlama bisect 33 -> 30 s,
-  // its peak RSS 2.0 -> 2.3 GB; 256 MiB left half the reuse (2.0 M page
-  // faults instead of 1.4 M), 1 GiB was no faster and peaked at 2.9 GB.
+  // whose pages stay mapped instead of being faulted in and zeroed again.
+  // Its size trades reuse against peak memory: a smaller cache reuses fewer
+  // blocks, a larger one only raises the peak (docs/PERFORMANCE.md, "What
+  // changed what").
   llmdiff::ref::use_block_cache(int64_t(512) << 20);
   // The rest (the impl's and compare's vectors): glibc's heap serves buffers
   // under 8 MB, instead of mapping and unmapping each (the kernel zeroes

@@ -104,10 +104,10 @@ class RefEngine : public Engine {
 
 // libtorch's own parallel loops run on an OpenMP team whose idle workers spin,
 // which on a few cores starves OpenBLAS's threads (sgemm/dgemm have their own
-// pool): measured 12.4 s against 8.5 s for a 1.1B float32 dump on 2 cores.
-// float32/float64 work is nearly all BLAS calls: they get every thread and
-// the elementwise ops one. bfloat16/float16 matmuls are libtorch's own
-// loops: those keep libtorch's threads (and OpenBLAS sits idle).
+// pool, and lose the cores the spinning workers hold). float32/float64 work
+// is nearly all BLAS calls: they get every thread and the elementwise ops
+// one. bfloat16/float16 matmuls are libtorch's own loops: those keep
+// libtorch's threads (and OpenBLAS sits idle).
 void use_threads(int threads, ComputeDType dtype) {
   threads = resolve_threads(threads);
   using SetThreads = void (*)(int);

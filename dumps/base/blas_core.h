@@ -3,9 +3,9 @@
 // OpenBLAS built with DYNAMIC_ARCH (Debian's) picks its kernels by the CPU's
 // family and model number when it is loaded. A CPU newer than the library
 // (OpenBLAS 0.3.21 on an Intel Xeon of family 6, model 207) gets the generic
-// "Prescott" SSE3 kernels, whatever instructions it has: measured on such a
-// Xeon with AVX-512, one core, 2048^3 products: dgemm 28 GFLOP/s on Prescott
-// against 141 on SkylakeX, sgemm 61 against 256. OpenBLAS reads the
+// "Prescott" SSE3 kernels, whatever instructions it has: no AVX2, FMA or
+// AVX-512, so its float32/float64 products run several times slower than the
+// CPU allows (docs/PERFORMANCE.md, "OpenBLAS's kernels"). OpenBLAS reads the
 // OPENBLAS_CORETYPE variable when it is loaded, so the kernels can only be
 // chosen for a process before it starts.
 //
