@@ -29,6 +29,7 @@
 #include "impl/batch_engine.h"
 #include "impl/impl_engine.h"
 #include "dumps/contract/names.h"
+#include "dumps/contract/sites.h"
 
 namespace llmdiff::bench {
 
@@ -215,7 +216,7 @@ std::string bench_batch(const BenchOptions& o, int n) {
     for (int step = 0; step <= o.decode; ++step) {
       const std::vector<float> a =
           alone->forward(step == 0 ? requests[0].prompt : std::vector<int64_t>{gen[size_t(step - 1)]}, step, nobs);
-      const std::vector<float> b = batch_logits.get(step_name(step, "next_logits").insert(0, "seq0.")).f;
+      const std::vector<float> b = batch_logits.get(step_name(step, Site::NextLogits).insert(0, "seq0.")).f;
       double diff = 0, scale = 0;
       for (size_t i = 0; i < a.size(); ++i) {
         diff = std::max(diff, std::fabs(double(a[i]) - b[i]));

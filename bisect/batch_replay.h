@@ -1,8 +1,8 @@
-// The zoo's batch bugs tested by replay: the engine schedule a several-
-// sequence dump records (iter{N}.* and each sequence's step tokens) is run
-// again through the impl's continuous-batching engine, once with each batch
-// bug, and the bug that reproduces the first divergent sequence's diverging
-// names is named. It needs none of the names the fingerprints read
+// The zoo's bugs tested by replay: the engine schedule a several-sequence
+// dump records (iter{N}.* and each sequence's step tokens) is run again
+// through the impl's continuous-batching engine, once with each bug of the
+// zoo that applies (the batch bugs and the model's), and the bug that
+// reproduces the first divergent sequence's diverging names is named. It needs none of the names the fingerprints read
 // (positions, probabilities, kv.*), so it names the bug from a cut-down dump
 // too (layer outputs and logits).
 #pragma once
@@ -19,13 +19,14 @@ namespace llmdiff::bisect {
 // replayed through the clean continuous-batching engine (the same sequences
 // sharing the same calls, so that what batching changes in the arithmetic,
 // e.g. the shapes of the packed matmuls, is in the floor), recording the
-// candidate's names. Null when the engine cannot run it (MLA, MoE, a
-// declared precision profile, a schedule it refuses); `why` then says why.
+// candidate's names, with the candidate's declared precision profile. Null
+// when the engine cannot run it (a sampling or padded candidate, a schedule
+// it refuses); `why` then says why.
 std::shared_ptr<const TensorSource> clean_batch_replay(const ModelOracles& m, const TensorSource& cand,
                                                       std::string* why);
 
 // When the first divergent sequence of `b` has no bug named: the replay of
-// every batch bug. One that reproduces all its diverging names (each within
+// every bug of the zoo. One that reproduces all its diverging names (each within
 // twice its noise-floor threshold) becomes its diagnosis (basis "batch
 // replay"); several that do are listed as equally supported.
 void explain_batch_by_replay(const ModelOracles& m, const TensorSource& cand, compare::BatchBisect& b);

@@ -2,7 +2,7 @@
 //   [--decode N] [--chunks 4,3] [--dtype D] [--threads N] [--inject BUG]... [--mla naive|absorbed]
 //   [--sites GLOB,...] --out FILE
 // llmdiff dump --engine impl --model DIR --batch 'PROMPT[@JOIN][:DECODE];...' [--block-size B]
-//   [--num-blocks N] [--chunk C] [--inject BATCH-BUG]... --out FILE
+//   [--num-blocks N] [--chunk C] [--inject BUG]... [--precision ...] [--mla naive|absorbed] --out FILE
 // Runs a scenario through one engine and streams every canonical
 // intermediate into an llm-dump/1 file.
 #include <fmt/core.h>
@@ -49,6 +49,9 @@ int run_batch_dump(const DumpOptions& o, const Model& model) {
   bo.num_blocks = o.num_blocks;
   bo.chunk = o.chunk;
   bo.release_weights = true;
+  bo.mla = impl::parse_mla_form(o.engine_opts.mla);
+  bo.precision = PrecisionProfile::parse(o.engine_opts.precision);
+  if (o.engine_opts.kv_ring > 0) throw UsageError("--batch serves the sequences from a paged KV cache: no --kv-ring");
   for (const std::string& b : o.engine_opts.inject) bo.bugs.push_back(zoo::parse_bug(b));
   if (!o.sample.empty()) bo.sampling = SamplingParams::parse(o.sample);
   const std::vector<impl::BatchRequest> requests = impl::parse_batch_requests(o.batch, o.scenario.decode);
@@ -61,6 +64,7 @@ int run_batch_dump(const DumpOptions& o, const Model& model) {
   writer.mutable_manifest() = make_manifest(engine.producer(), "float32", model, o.model, sc);
   writer.mutable_manifest().steps = run.iterations;
   writer.mutable_manifest().extra["kv_cache"] = engine.kv_cache_json(requests);
+  if (!bo.precision.empty()) writer.mutable_manifest().extra["precision"] = bo.precision.json();
   if (bo.sampling) {  // each sequence's own parameters (its own seed)
     writer.mutable_manifest().scenario = "batch-sample";
     for (size_t b = 0; b < requests.size(); ++b)
@@ -146,7 +150,7 @@ void setup_dump(CLI::App& app, Action& action) {
                   "impl: serve several sequences with the continuous-batching engine (packed rows, paged KV cache), "
                   "requests 'PROMPT[@JOIN][:DECODE];...', e.g. '1,2,3,4@0:3;5,6@2' (JOIN: the engine iteration it "
                   "arrives at, default 0; DECODE: its decode calls, default --decode); writes seq{b}.*, iter{N}.* "
-                  "and kv.*; --inject takes the batch bugs here");
+                  "and kv.*; --inject, --precision and --mla act here too");
   sub->add_option("--block-size", o->block_size, "--batch: positions per KV block (default 16)")
       ->check(CLI::PositiveNumber);
   sub->add_option("--num-blocks", o->num_blocks, "--batch: blocks in the KV pool (default: enough for all at once)")

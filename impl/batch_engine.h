@@ -14,9 +14,11 @@
 // `kv.slot_mapping` and `kv.context_len`, so that each sequence compares
 // with the reference running it alone.
 //
-// Dense GQA models (Llama, Mistral, Qwen2, Qwen3); greedy or sampled
-// decoding; float32 activations. The zoo's batch bugs (zoo::BatchFaults) switch on how the
-// sequences share the call and the cache.
+// Every model the impl runs (dense, MoE, MLA naive and absorbed), every
+// precision profile; greedy or sampled decoding; float32 activations. Every
+// bug of the zoo that changes the forward pass acts here too, and the batch
+// bugs (zoo::BatchFaults) switch on how the sequences share the call and the
+// cache.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -29,6 +31,7 @@
 #include "dumps/contract/observer.h"
 #include "dumps/sampling/sampling.h"
 #include "dumps/model/weights.h"
+#include "impl/forward.h"
 
 namespace llmdiff::impl {
 
@@ -73,8 +76,10 @@ struct BatchEngineOptions {
   int64_t block_size = 16;    // positions per KV block
   int64_t num_blocks = 0;     // blocks in the pool; 0: enough for every request at once
   int64_t chunk = 0;          // prompt tokens of one sequence per iteration (chunked prefill); 0: all
-  std::vector<zoo::BugSpec> bugs;  // batch and sampler bugs of the zoo (zoo::BatchFaults, zoo::SamplerFaults)
+  std::vector<zoo::BugSpec> bugs;  // any bug of the zoo (the forward's, the batch's, the sampler's)
   bool release_weights = false;    // hand each layer's mapped pages back after use (ImplOptions)
+  MlaForm mla = MlaForm::Naive;    // MLA models only
+  PrecisionProfile precision;      // roundings made on purpose (ImplOptions)
   // Tokens drawn with HF's logits processors instead of the argmax: sequence
   // b with these parameters and the seed seed + b (sampling_for), its own
   // draws and token history, step{N}.sample.* reported under seq{b}.
@@ -95,8 +100,7 @@ struct BatchOutcome {
 
 class BatchEngine {
  public:
-  // Throws UsageError for a model it does not run (MLA, MoE) or a bug that is
-  // not a batch bug.
+  // Throws UsageError for a bug that cannot apply to the model.
   BatchEngine(const Model& model, const BatchEngineOptions& opt);
   ~BatchEngine();
   BatchEngine(const BatchEngine&) = delete;
@@ -111,6 +115,7 @@ class BatchEngine {
   BatchOutcome replay(const BatchSchedule& schedule, Observer& obs);
 
   std::string producer() const;
+  PrecisionProfile precision() const;  // the manifest's `precision`
   // {"kind": "paged", "block_size": B, "num_blocks": N}: the manifest's kv_cache.
   std::string kv_cache_json(const std::vector<BatchRequest>& requests) const;
 

@@ -1,28 +1,19 @@
-// The independent implementation: plain C++ (no libtorch, no BLAS), weights
-// read in their stored dtype from the mmap, f32 activations, threaded kernels.
+// The independent implementation's single-sequence engine: one sequence on a
+// contiguous KV cache (or a ring of it) through the one forward of
+// impl/forward.h. Plain C++ (no libtorch, no BLAS), weights read in their
+// stored dtype from the mmap, f32 activations, threaded kernels.
 #pragma once
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "dumps/model/config.h"
 #include "dumps/contract/engine.h"
 #include "dumps/contract/precision.h"
 #include "dumps/model/weights.h"
 #include "dumps/zoo/bugs.h"
+#include "impl/forward.h"
 
 namespace llmdiff::impl {
-
-// How multi-head latent attention (deepseek_v3) runs:
-// - Naive: kv_b_proj expands the latent into every head's keys and values,
-//   the cache holds them in full (HF's form): Hq*(Dn+Dr+Dv) floats per token.
-// - Absorbed: kv_b_proj's key rows are folded into the query (q_nope · W_uk,
-//   a vector in latent space per head) and its value rows applied after
-//   probs · latent; the cache holds only the latent and the shared rope key:
-//   Rkv+Dr floats per token. Never observes attn.kv, k_rope, k_cache, v_cache.
-enum class MlaForm { Naive, Absorbed };
-const char* mla_form_name(MlaForm f);               // "naive", "absorbed"
-MlaForm parse_mla_form(const std::string& text);    // throws UsageError listing both
 
 struct ImplOptions {
   int threads = 0;            // 0: all cores
@@ -45,7 +36,8 @@ struct ImplOptions {
   int64_t kv_ring = 0;
 };
 
-// Throws UsageError when a bug cannot apply to the model.
+// Throws UsageError when a bug cannot apply to the model, or is a batch bug
+// (those act only where several sequences share a call: batch_engine.h).
 std::unique_ptr<Engine> make_impl_engine(const Model& model, const ImplOptions& opt);
 
 }  // namespace llmdiff::impl

@@ -18,6 +18,7 @@
 #include "dumps/zoo/bugs.h"
 #include "dumps/contract/dump.h"
 #include "dumps/contract/sequences.h"
+#include "dumps/model/config.h"
 #include "tests/cli_runner.h"
 #include "tests/support.h"
 
@@ -32,14 +33,22 @@ const char* kRequests =
     "50,51,52,53,54,55,56,57@3:2;60,61,62@4:1;70,71,72,73@6:3";
 const char* kCutDown = "seq*.step*.tokens,seq*.step*.layers.*.out,seq*.step*.logits,seq*.generated,iter*";
 
-std::string batch_dump(const std::string& model, const std::string& bug, bool cut) {
+// 4 requests for the MoE and MLA models: joining at iterations 0, 1 and 2,
+// prompts in chunks beside the others' decodes.
+const char* kFewRequests = "1,5,9,13,17,21,25@0:3;2,6,10@0:4;3,7,11,15,19@1:2;40,41,42,43@2:3";
+
+std::string batch_dump(const std::string& model, const std::string& bug, bool cut, const char* requests = kRequests,
+                       const std::vector<std::string>& extra = {}) {
+  std::string tag;
+  for (const std::string& e : extra) tag += "-" + e;
   const std::string out = temp_path("batch-" + model + "-" + (bug.empty() ? "clean" : bug) + (cut ? "-cut" : "") +
-                                    ".safetensors");
+                                    tag + (requests == kRequests ? "" : "-few") + ".safetensors");
   std::vector<std::string> args = {"dump",    "--engine",     "impl", "--model", golden_model(model),
-                                   "--batch", kRequests,      "--chunk", "3",    "--block-size",
+                                   "--batch", requests,       "--chunk", "3",    "--block-size",
                                    "4",       "--threads",    "1",    "--out",   out};
   if (!bug.empty()) args.insert(args.end(), {"--inject", bug});
   if (cut) args.insert(args.end(), {"--sites", kCutDown});
+  args.insert(args.end(), extra.begin(), extra.end());
   const CliRun r = run_cli(args);
   EXPECT_EQ(r.code, 0) << r.error;
   return out;
@@ -67,6 +76,49 @@ TEST(CliBatchEngine, EightSequencesJoiningAtDifferentIterationsMatchTheReference
     EXPECT_EQ(code, 0) << j.dump(1).substr(0, 4000);
     ASSERT_EQ(j["sequences"].size(), 8u);
     for (const auto& s : j["sequences"]) EXPECT_TRUE(s["ok"].get<bool>()) << s["bisect"]["diagnosis"].dump(1);
+  }
+}
+
+// The one forward serves every model: MoE (softmax routing, Qwen3-MoE and
+// Mixtral) and MLA (DeepSeek-V3, naive and absorbed) batches match the
+// reference running each sequence alone.
+TEST(CliBatchEngine, MoeAndMlaBatchesMatchTheReferenceAloneSequenceBySequence) {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> runs = {
+      {"qwen3-moe", {}}, {"mixtral-gqa", {}}, {"deepseek-v3-mla", {}}, {"deepseek-v3-mla", {"--mla", "absorbed"}}};
+  for (const auto& [model, extra] : runs) {
+    SCOPED_TRACE(model + (extra.empty() ? "" : " " + extra.back()));
+    const std::string path = batch_dump(model, "", false, kFewRequests, extra);
+    DumpFile d(path);
+    EXPECT_EQ(d.get("iter1.seqs").i, (std::vector<int64_t>{0, 1, 2}));
+    EXPECT_EQ(d.get("iter1.num_tokens").i, (std::vector<int64_t>{3, 1, 3}));
+    int code = -1;
+    const auto j = bisect_json(model, path, &code);
+    EXPECT_EQ(code, 0) << j.dump(1).substr(0, 4000);
+    ASSERT_EQ(j["sequences"].size(), 4u);
+    for (const auto& s : j["sequences"]) EXPECT_TRUE(s["ok"].get<bool>()) << s["bisect"]["diagnosis"].dump(1);
+  }
+}
+
+// Every bug of the zoo that changes the forward pass acts in the batched
+// engine too, through the same forward: injected into a batch of a dense, a
+// MoE and an MLA model, each is localised in a sequence and named.
+TEST(CliBatchEngine, EachModelBugInABatchIsLocalisedAndNamed) {
+  for (const std::string model : {"qwen2-bias", "qwen3-moe", "deepseek-v3-mla"}) {
+    const ModelConfig cfg = load_config(golden_model(model));
+    for (const zoo::BugInfo& info : zoo::all_bugs()) {
+      if (!info.acts_on_model() || info.needs_padding || !zoo::bug_inapplicable_reason(info.bug, cfg).empty())
+        continue;
+      SCOPED_TRACE(model + " " + info.name);
+      int code = -1;
+      const auto j = bisect_json(model, batch_dump(model, info.name, false, kFewRequests), &code);
+      EXPECT_EQ(code, 1);
+      ASSERT_TRUE(j["first_divergent_sequence"].is_number()) << j.dump(1).substr(0, 2000);
+      const auto& s = j["sequences"][j["first_divergent_sequence"].get<size_t>()];
+      EXPECT_TRUE(s["bisect"]["localised_at"].is_string()) << s["bisect"].dump(1).substr(0, 2000);
+      const auto& d = s["bisect"]["diagnosis"];
+      ASSERT_TRUE(d["bug"].is_string()) << d.dump(1).substr(0, 3000);
+      EXPECT_EQ(d["bug"].get<std::string>().substr(0, std::string(info.name).size()), info.name) << d.dump(1);
+    }
   }
 }
 
@@ -133,26 +185,28 @@ TEST(CliBatchEngine, TheBatchReportNamesTheBugInText) {
 TEST(CliBatchEngine, UsageErrors) {
   const std::string out = temp_path("batch-usage.safetensors");
   const std::string model = golden_model("llama-gqa");
-  // The reference does not serve batches; a model bug is not a batch bug (and the reverse).
+  // The reference does not serve batches; a bug that cannot apply to the
+  // model is refused; a batch bug needs the batched engine; a paged cache is not a ring.
   EXPECT_EQ(run_cli({"dump", "--engine", "ref", "--model", model, "--batch", "1,2", "--out", out}).code, 2);
-  const CliRun model_bug =
-      run_cli({"dump", "--engine", "impl", "--model", model, "--batch", "1,2", "--inject", "mask-missing", "--out", out});
-  EXPECT_EQ(model_bug.code, 2);
-  EXPECT_NE(model_bug.error.find("not a batch bug"), std::string::npos) << model_bug.error;
+  const CliRun inapplicable = run_cli(
+      {"dump", "--engine", "impl", "--model", model, "--batch", "1,2", "--inject", "moe-expert-off-by-one", "--out", out});
+  EXPECT_EQ(inapplicable.code, 2);
+  EXPECT_NE(inapplicable.error.find("cannot apply"), std::string::npos) << inapplicable.error;
+  const CliRun ring =
+      run_cli({"dump", "--engine", "impl", "--model", model, "--batch", "1,2", "--kv-ring", "4", "--out", out});
+  EXPECT_EQ(ring.code, 2);
+  EXPECT_NE(ring.error.find("--kv-ring"), std::string::npos) << ring.error;
   const CliRun single = run_cli({"dump", "--engine", "impl", "--model", model, "--tokens", "1,2", "--inject",
                                  "slot-mapping-off-by-one", "--out", out});
   EXPECT_EQ(single.code, 2);
   EXPECT_NE(single.error.find("continuous-batching engine"), std::string::npos) << single.error;
-  // Malformed requests, a pool too small, a model it does not run.
+  // Malformed requests, a pool too small.
   for (const char* bad : {"", "1,x", "1,2@", "1,2:-1", ";", "1,2@1@2"})
     EXPECT_EQ(run_cli({"dump", "--engine", "impl", "--model", model, "--batch", bad, "--out", out}).code, 2) << bad;
   const CliRun pool = run_cli({"dump", "--engine", "impl", "--model", model, "--batch", "1,2,3,4,5;6,7,8,9,10",
                                "--block-size", "2", "--num-blocks", "4", "--out", out});
   EXPECT_EQ(pool.code, 2);
   EXPECT_NE(pool.error.find("blocks of 2 are all in use at engine iteration 0"), std::string::npos) << pool.error;
-  EXPECT_EQ(run_cli({"dump", "--engine", "impl", "--model", golden_model("qwen3-moe"), "--batch", "1,2", "--out", out})
-                .code,
-            2);
   EXPECT_FALSE(std::filesystem::exists(out));
 }
 

@@ -6,6 +6,7 @@
 
 #include "dumps/base/errors.h"
 #include "dumps/contract/names.h"
+#include "dumps/contract/sites.h"
 
 namespace llmdiff {
 
@@ -55,14 +56,14 @@ void check_dump_against_model(const TensorSource& dump, const ModelConfig& model
   for (size_t s = 0; s < steps.size(); ++s)
     for (size_t i = 0; i < steps[s].size(); ++i)
       if (steps[s][i] < 0 || steps[s][i] >= model.vocab_size)
-        throw FormatError(dump.label(), step_name(int(s), "tokens"),
+        throw FormatError(dump.label(), step_name(int(s), Site::Tokens),
                           "token " + std::to_string(steps[s][i]) + " at index " + std::to_string(i) +
                               " is outside the vocabulary [0, " + std::to_string(model.vocab_size) + ")");
   // Steps out of order: all positions together are 0..N-1 once each, yet
   // some step does not start where the calls before it end.
   std::vector<std::vector<int64_t>> pos;
   for (size_t s = 0; s < steps.size(); ++s) {
-    const std::string name = step_name(int(s), "positions");
+    const std::string name = step_name(int(s), Site::Positions);
     if (!dump.has(name)) return;
     const TensorData p = dump.get(name);
     if (!p.is_int || p.i.size() != steps[s].size()) return;  // the comparison reports it
@@ -76,7 +77,7 @@ void check_dump_against_model(const TensorSource& dump, const ModelConfig& model
   int64_t at = 0;
   for (size_t s = 0; s < pos.size(); ++s) {
     if (!pos[s].empty() && pos[s].front() != at)
-      throw FormatError(dump.label(), step_name(int(s), "positions"),
+      throw FormatError(dump.label(), step_name(int(s), Site::Positions),
                         "the forward calls are out of order: step " + std::to_string(s) + " starts at position " +
                             std::to_string(pos[s].front()) + " but the " + std::to_string(s) +
                             " calls before it hold " + std::to_string(at) + " tokens");

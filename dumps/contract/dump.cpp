@@ -16,6 +16,7 @@
 #include <system_error>
 
 #include "dumps/base/errors.h"
+#include "dumps/contract/sites.h"
 
 namespace llmdiff {
 
@@ -79,7 +80,7 @@ int TensorSource::num_steps() const {
 std::vector<std::vector<int64_t>> TensorSource::step_tokens() const {
   std::vector<std::vector<int64_t>> out;
   for (int s = 0; s < num_steps(); ++s) {
-    const std::string name = step_name(s, "tokens");
+    const std::string name = step_name(s, Site::Tokens);
     if (!has(name)) throw MissingTensorError(label(), name);
     TensorData t = get(name);
     if (!t.is_int || t.shape.size() != 1)

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "dumps/base/errors.h"
+#include "dumps/contract/sites.h"
 
 namespace llmdiff {
 
@@ -49,7 +50,7 @@ Scenario replay_scenario(const TensorSource& dump) {
   if (sc.steps.empty()) throw FormatError(dump.label(), "step0.tokens", "dump holds no forward calls to replay");
   for (size_t s = 0; s < sc.steps.size(); ++s)
     if (sc.steps[s].empty())
-      throw FormatError(dump.label(), step_name(int(s), "tokens"), "a forward call with no tokens");
+      throw FormatError(dump.label(), step_name(int(s), Site::Tokens), "a forward call with no tokens");
   sc.emit_generated = dump.has("generated");
   if (sc.emit_generated) {
     const int64_t m = numel(dump.shape("generated"));
@@ -76,7 +77,7 @@ Scenario replay_with_sampling(const TensorSource& dump) {
   if (!sc.sampling) return sc;
   sc.emit_generated = dump.has("generated");
   for (int s = 0; s < int(sc.steps.size()); ++s) {
-    const std::string name = step_name(s, "sample.token");
+    const std::string name = step_name(s, Site::SampleToken);
     if (!dump.has(name)) continue;
     const TensorData t = dump.get(name);
     if (!t.is_int || t.i.size() != 1) throw FormatError(dump.label(), name, "expected one integer token");

@@ -4,10 +4,11 @@
 
 #include "dumps/base/errors.h"
 #include "dumps/contract/names.h"
+#include "dumps/contract/sites.h"
 
 namespace llmdiff {
 
-std::string LayerWindow::boundary_name(int step) const { return layer_name(step, first - 1, "out"); }
+std::string LayerWindow::boundary_name(int step) const { return layer_name(step, first - 1, Site::Out); }
 
 std::string LayerWindow::str() const {
   return std::to_string(first) + ":" + std::to_string(end < 0 ? num_layers : end);
@@ -78,7 +79,7 @@ bool WindowSource::readable(const std::string& name) const {
   const CanonName c = parse_name(name);
   // `generated` says which calls were greedy: what tokens are inputs.
   if (c.kind == CanonName::Kind::InvFreq || c.kind == CanonName::Kind::Generated) return true;
-  if (c.kind == CanonName::Kind::Layer) return window_.first > 0 && c.layer == window_.first - 1 && c.site == "out";
+  if (c.kind == CanonName::Kind::Layer) return window_.first > 0 && c.layer == window_.first - 1 && c.site == site_name(Site::Out);
   if (c.kind != CanonName::Kind::Step) return false;
   const auto& before = step_sites_before_layers();
   return std::find(before.begin(), before.end(), c.site) != before.end();

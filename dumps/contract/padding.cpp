@@ -8,6 +8,7 @@
 #include "dumps/base/errors.h"
 #include "dumps/contract/names.h"
 #include "dumps/contract/rows.h"
+#include "dumps/contract/sites.h"
 
 namespace llmdiff {
 
@@ -43,11 +44,9 @@ void set_manifest_padding(Manifest& m, const LeftPadding& p, int seq) {
 }
 
 std::optional<int> key_axis(const std::string& site) {
-  if (site == "mask") return 1;
-  if (site == "attn.scores" || site == "attn.probs") return 2;
-  if (site == "attn.k_cache" || site == "attn.v_cache" || site == "attn.k_rep" || site == "attn.v_rep") return 1;
-  if (site == "attn.latent_cache" || site == "attn.k_pe_cache") return 0;
-  return std::nullopt;
+  const std::optional<Site> s = find_site(site);
+  if (!s || site_info(*s).key_axis < 0) return std::nullopt;
+  return site_info(*s).key_axis;
 }
 
 namespace {

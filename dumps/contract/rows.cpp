@@ -5,6 +5,7 @@
 #include "dumps/base/errors.h"
 #include "dumps/contract/names.h"
 #include "dumps/contract/sequences.h"
+#include "dumps/contract/sites.h"
 
 namespace llmdiff {
 
@@ -19,20 +20,16 @@ size_t sequence_prefix_length(const std::string& name) {
 }  // namespace
 
 std::optional<int> token_axis(const std::string& site) {
-  if (site == "attn.q_rope" || site == "attn.k_rope" || site == "attn.scores" || site == "attn.probs") return 1;
-  if (site == "attn.k_cache" || site == "attn.v_cache" || site == "attn.k_rep" || site == "attn.v_rep" ||
-      site == "attn.latent_cache" || site == "attn.k_pe_cache" || site == "last_hidden" || site == "next_logits" ||
-      site == "rows")
-    return std::nullopt;
-  if (site_rank(site) < 0) return std::nullopt;
-  return 0;
+  const std::optional<Site> s = find_site(site);
+  if (!s || site_info(*s).token_axis < 0) return std::nullopt;
+  return site_info(*s).token_axis;
 }
 
 std::string rows_name_for(const std::string& name) {
   const size_t pre = sequence_prefix_length(name);
   const CanonName c = parse_name(name.substr(pre));
   if (c.kind != CanonName::Kind::Step && c.kind != CanonName::Kind::Layer) return "";
-  return name.substr(0, pre) + step_name(c.step, "rows");
+  return name.substr(0, pre) + step_name(c.step, Site::Rows);
 }
 
 void attach_rows(const TensorSource& src, TensorData& t) {
@@ -41,7 +38,7 @@ void attach_rows(const TensorSource& src, TensorData& t) {
   if (c.kind != CanonName::Kind::Step && c.kind != CanonName::Kind::Layer) return;
   const std::optional<int> axis = token_axis(c.site);
   if (!axis || int(t.shape.size()) <= *axis) return;
-  const std::string rn = t.name.substr(0, pre) + step_name(c.step, "rows");
+  const std::string rn = t.name.substr(0, pre) + step_name(c.step, Site::Rows);
   if (!src.has(rn)) return;
   const TensorData r = src.get(rn);
   if (!r.is_int || r.shape.size() != 1) throw FormatError(src.label(), rn, "row list must be I64 [R]");

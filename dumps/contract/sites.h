@@ -55,6 +55,12 @@ struct SiteInfo {
   SiteScope scope;
   bool integer;      // I64 (tokens, positions, moe.topk_ids, ...)
   Presence presence;
+  // The axis of the call's T tokens ([T, ...]: 0; head-major [H, T, ...]: 1;
+  // -1: not per token, e.g. the caches, last_hidden, next_logits).
+  int token_axis;
+  // The axis of the S cached positions (mask: 1, scores/probs: 2, GQA caches
+  // [H, S, Dh]: 1, MLA's latent caches [S, ...]: 0; -1: none).
+  int key_axis;
 };
 
 const std::vector<SiteInfo>& site_table();  // in canonical order

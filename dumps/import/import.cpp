@@ -94,7 +94,7 @@ class Importer {
       // The tokens first: T, P and S of this call depend on them.
       if (tokens_.size() <= s) {
         run_rules(int(s), steps[s], past, -1, true);
-        const std::string name = step_name(int(s), "tokens");
+        const std::string name = step_name(int(s), Site::Tokens);
         if (!out_.has(name))
           throw UsageError("import: forward call " + std::to_string(s) + " has no tokens: give --tokens or a rule "
                            "to \"tokens\" (" + (by_capture ? "a {step} capture" : "input " + std::to_string(s + 1)) +
@@ -102,7 +102,7 @@ class Importer {
         tokens_.push_back(out_.get(name).i);
       } else {
         TensorData t;
-        t.name = step_name(int(s), "tokens");
+        t.name = step_name(int(s), Site::Tokens);
         t.is_int = true;
         t.stored = DType::I64;
         t.i = tokens_[s];
@@ -124,7 +124,7 @@ class Importer {
     sum.skipped = skipped_;
     for (const auto& [s, R] : step_rows_) {  // step{N}.rows: the last R rows
       TensorData r;
-      r.name = step_name(s, "rows");
+      r.name = step_name(s, Site::Rows);
       r.is_int = true;
       r.stored = DType::I64;
       const int64_t T = int64_t(tokens_[size_t(s)].size());

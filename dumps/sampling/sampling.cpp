@@ -14,6 +14,7 @@
 
 #include "dumps/contract/engine.h"
 #include "dumps/base/errors.h"
+#include "dumps/contract/sites.h"
 
 // Every float32 operation below is rounded on its own, as torch's kernels
 // round them: no multiply-add is fused except the explicit std::fma calls.
@@ -463,12 +464,12 @@ SampledStep sample_step(const SamplingParams& p, const std::vector<float>& next_
 }
 
 void report_sample(Observer& obs, int step, const SampledStep& s, const std::string& prefix) {
-  auto name = [&](const char* site) { return prefix + step_name(step, site); };
+  auto name = [&](Site site) { return prefix + step_name(step, site); };
   const Shape v = {int64_t(s.scores.size())};
-  if (obs.wants(name("sample.scores"))) obs.on_f32(name("sample.scores"), v, s.scores.data());
-  if (obs.wants(name("sample.probs"))) obs.on_f32(name("sample.probs"), {int64_t(s.probs.size())}, s.probs.data());
-  if (s.u && obs.wants(name("sample.u"))) obs.on_f32(name("sample.u"), {1}, &*s.u);
-  if (obs.wants(name("sample.token"))) obs.on_i64(name("sample.token"), {1}, &s.token);
+  if (obs.wants(name(Site::SampleScores))) obs.on_f32(name(Site::SampleScores), v, s.scores.data());
+  if (obs.wants(name(Site::SampleProbs))) obs.on_f32(name(Site::SampleProbs), {int64_t(s.probs.size())}, s.probs.data());
+  if (s.u && obs.wants(name(Site::SampleU))) obs.on_f32(name(Site::SampleU), {1}, &*s.u);
+  if (obs.wants(name(Site::SampleToken))) obs.on_i64(name(Site::SampleToken), {1}, &s.token);
 }
 
 }  // namespace llmdiff

@@ -1,0 +1,149 @@
+// The impl's one forward pass: Llama / Mistral / Qwen2 / Qwen3, their
+// mixture-of-experts variants (Mixtral, Qwen2-MoE, Qwen3-MoE) and
+// DeepSeek-V3's multi-head latent attention, run over the packed rows of one
+// or many sequences with the KV cache behind the KvStore seam. A layer reads
+// top to bottom as two named stages, attention_block (GQA, or MLA in its
+// naive or absorbed form) and ffn_block (a dense SwiGLU MLP or a MoE block),
+// each over every row at once; only attention itself runs sequence by
+// sequence, over that sequence's own keys. Every intermediate is reported
+// where it is computed, under each sequence's canonical names.
+//
+// The single-sequence engine (impl_engine.h) is one sequence on a
+// contiguous store; the continuous-batching engine (batch_engine.h) is the
+// packed rows of every live sequence on a paged store. Both run every zoo
+// bug that changes the forward pass (zoo::Faults, config-level bugs) and the
+// batch bugs (zoo::BatchFaults) through the same code.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dumps/contract/observer.h"
+#include "dumps/contract/precision.h"
+#include "dumps/model/weights.h"
+#include "dumps/zoo/bugs.h"
+#include "impl/kernels.h"
+#include "impl/kv_store.h"
+#include "impl/thread_pool.h"
+
+namespace llmdiff::impl {
+
+// How multi-head latent attention (deepseek_v3) runs:
+// - Naive: kv_b_proj expands the latent into every head's keys and values,
+//   the cache holds them in full (HF's form): Hq*(Dn+Dr+Dv) floats per token.
+// - Absorbed: kv_b_proj's key rows are folded into the query (q_nope · W_uk,
+//   a vector in latent space per head) and its value rows applied after
+//   probs · latent; the cache holds only the latent and the shared rope key:
+//   Rkv+Dr floats per token. Never observes attn.kv, k_rope, k_cache, v_cache.
+enum class MlaForm { Naive, Absorbed };
+const char* mla_form_name(MlaForm f);               // "naive", "absorbed"
+MlaForm parse_mla_form(const std::string& text);    // throws UsageError listing both
+
+struct ForwardOptions {
+  int threads = 0;                  // 0: all cores
+  std::vector<zoo::BugSpec> bugs;   // config-level, op-level and batch bugs of the zoo (sampler bugs ignored)
+  // Hand each layer's mapped weight pages back to the kernel once the layer
+  // is done (ModelWeights::release_layer): resident memory stays at about
+  // one layer of the checkpoint, for page faults on the next call.
+  bool release_weights = false;
+  MlaForm mla = MlaForm::Naive;     // MLA models only
+  // Roundings made on purpose (a lower-precision KV cache, rounded or 8-bit
+  // matmul inputs), as a candidate's manifest declares them; empty: none.
+  PrecisionProfile precision;
+};
+
+// One sequence's rows of a forward call.
+struct SequenceRows {
+  int seq = 0;                      // the sequence (names under seq{b}. when the call is batched)
+  int step = 0;                     // its step number: the forward calls that included it before
+  std::vector<int64_t> tokens;      // [T]
+  int64_t row0 = 0, T = 0;          // rows [row0, row0 + T) of the packed batch
+  std::vector<int64_t> positions;   // [T]
+  std::vector<float> mask;          // [T, context]: 1 = may attend
+  KvAccess kv;                      // where its keys and values go, what its attention reads
+};
+
+struct ForwardCall {
+  int iteration = 0;                // the engine's forward call (rope.inv_freq is reported on call 0)
+  std::vector<SequenceRows> seqs;   // in row order
+  bool batched = false;             // names under seq{b}. (else the single-sequence names)
+  // The layers run: all, or a shard's [first, end) from `entering` [R, D],
+  // the residual stream entering layer `first`.
+  int first_layer = 0, end_layer = -1;
+  const std::vector<float>* entering = nullptr;
+  int64_t rows() const { return seqs.empty() ? 0 : seqs.back().row0 + seqs.back().T; }
+};
+
+// The positions of a sequence's next call, the positions it writes and
+// reads, and its mask, as the model and the zoo's bugs make them: P
+// positions cached before the call, `pad` left-padding tokens at the
+// sequence's start (masked as keys, at position 1), `ring` > 0 a ring cache
+// of that many positions. Fills s.positions, s.kv.write_at/T/context and
+// s.mask from s.tokens, s.row0.
+class Forward;
+void plan_rows(const Forward& f, SequenceRows& s, int64_t P, int64_t pad = 0, int64_t ring = 0);
+
+class Forward {
+ public:
+  // Throws UsageError when a bug cannot apply to the model or the model has
+  // no weights.
+  Forward(const Model& model, const ForwardOptions& opt);
+  ~Forward();
+  Forward(const Forward&) = delete;
+  Forward& operator=(const Forward&) = delete;
+
+  // Runs `call` through the model: every sequence's new keys and values
+  // written to `kv`, every site reported through `obs`. Returns each
+  // sequence's next-token logits [M, V] (M sequences), or nothing for a
+  // shard that ends before the last layer.
+  std::vector<float> run(const ForwardCall& call, KvStore& kv, Observer& obs);
+
+  const ModelConfig& config() const { return cfg_; }  // the model's, with the config-level bugs applied
+  const zoo::Faults& faults() const { return faults_; }
+  const zoo::BatchFaults& batch_faults() const { return batch_faults_; }
+  const PrecisionProfile& precision() const { return opt_.precision; }
+  bool absorbed() const { return absorbed_; }
+  // The streams a KV store of this model needs and their widths.
+  KvWidths kv_widths() const;
+  // "plain C++, float32 activations[, naive MLA][, precision ...]" for a producer line.
+  std::string describe() const;
+
+ private:
+  struct Buffers;
+  class Sites;
+  void attention_block(int l, const ForwardCall& call, KvStore& kv, Sites& site);
+  void gqa_attention(int l, const ForwardCall& call, KvStore& kv, Sites& site);
+  void mla_attention(int l, const ForwardCall& call, KvStore& kv, Sites& site);
+  // Attention of sequence s over the keys and values it reads ([S, ·] rows
+  // of k_stride / v_stride floats): softmax(q·kᵀ * scale + mask) · v into
+  // its ctx rows, scores and probs reported when wanted.
+  void attend(int l, const SequenceRows& s, AttentionArgs att, const float* new_k, const float* new_v, Sites& site);
+  void ffn_block(int l, int64_t R, Sites& site);
+  void moe_block(int l, int64_t R, Sites& site);
+  std::vector<float> head(const ForwardCall& call, Sites& site);
+  // A SwiGLU MLP on n rows: out [n, D] = down(silu(gate(x)) * up(x)), with
+  // gate, up, act [n, F] left in the scratch given (the dense MLP reports them).
+  void swiglu(const MlpWeights& m, const float* x, int64_t n, float* gate, float* up, float* act, float* out);
+  // matmul() of kernels.h with the inputs rounded as the precision profile
+  // says for each weight's type (the jobs grouped by that rounding).
+  void mm(const float* x, int64_t T, const std::vector<MatmulJob>& jobs);
+  void mm(const float* x, int64_t T, const WMat& w, float* y) { mm(x, T, std::vector<MatmulJob>{{w, y}}); }
+
+  ModelConfig cfg_;  // the model's config with the zoo's config-level bugs applied
+  std::shared_ptr<ModelWeights> weights_;
+  ForwardOptions opt_;
+  zoo::Faults faults_;
+  zoo::BatchFaults batch_faults_;
+  bool absorbed_ = false;          // MLA in the absorbed form
+  std::vector<int> kv_head_;       // [Hq]: kv head each query head reads
+  std::vector<int> latent_head_;   // [Hq]: all 0 (absorbed MLA: every head reads the one latent)
+  ThreadPool pool_;
+  MatmulScratch mm_;
+  std::vector<float> rounded_;     // matmul inputs as the profile rounds them
+  std::vector<std::vector<float>> attn_rows_;
+  std::unique_ptr<Buffers> buf_;
+};
+
+}  // namespace llmdiff::impl
