@@ -1,8 +1,10 @@
 // The decoder graph of ref/graph.h: LlamaForCausalLM.forward (LlamaModel +
 // lm_head) of transformers 4.51.3, equally Qwen2ForCausalLM and
 // Qwen3ForCausalLM (q/k/v and o_proj biases, Qwen3's per-head q_norm/k_norm
-// and the family's mask construction are config fields), as one site table
-// (Graph::compute_uncached) evaluated on demand.
+// and the family's mask construction are config fields), as the ops of the
+// site table (dumps/contract/sites.h) evaluated on demand: Graph::compute_uncached
+// hands each site to its stage (the step's sites, MLA attention, the MoE
+// block, the decoder layer).
 #include "ref/graph.h"
 #include "dumps/contract/rows.h"
 
@@ -145,8 +147,23 @@ int64_t argmax_row(const torch::Tensor& row) {
 
 }  // namespace
 
-bool is_cache_site(const std::string& site) {
-  return site == "attn.k_cache" || site == "attn.v_cache" || site == "attn.latent_cache" || site == "attn.k_pe_cache";
+SiteName parse_site_name(const std::string& name) {
+  SiteName n;
+  static_cast<CanonName&>(n) = parse_name(name);
+  if (n.kind != CanonName::Kind::Step && n.kind != CanonName::Kind::Layer) return n;
+  const std::optional<Site> id = find_site(n.site);
+  if (id && (n.kind == CanonName::Kind::Layer) == (site_info(*id).scope == SiteScope::Layer)) n.id = id;
+  return n;
+}
+
+bool is_cache_site(Site site) {
+  switch (site) {
+    case Site::AttnKCache:
+    case Site::AttnVCache:
+    case Site::AttnLatentCache:
+    case Site::AttnKPeCache: return true;
+    default: return false;
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -197,11 +214,16 @@ void Graph::set_generated(int first_step) { first_generating_ = first_step; }
 std::vector<std::string> Graph::names(int first, int last) const {
   std::vector<std::string> out;
   if (first == 0 && last > 0) out.push_back("rope.inv_freq");
+  auto step_sites = [&](int s, SiteScope scope) {
+    for (const SiteInfo& i : site_table())
+      if (i.scope == scope) out.push_back(step_name(s, i.id));
+  };
   for (int s = first; s < last; ++s) {
-    for (const auto& site : step_sites_before_layers()) out.push_back(step_name(s, site));
+    step_sites(s, SiteScope::BeforeLayers);
     for (int l = 0; l < int(cfg_.num_hidden_layers); ++l)
-      for (const auto& site : layer_sites()) out.push_back(layer_name(s, l, site));
-    for (const auto& site : step_sites_after_layers()) out.push_back(step_name(s, site));
+      for (const SiteInfo& i : site_table())
+        if (i.scope == SiteScope::Layer) out.push_back(layer_name(s, l, i.id));
+    step_sites(s, SiteScope::AfterLayers);
   }
   if (first_generating_ >= 0 && last == steps()) out.push_back("generated");
   return out;
@@ -214,31 +236,33 @@ void Graph::run(const std::vector<std::string>& names, Observer& out, std::map<s
   // (each for every step), then the sites after the layers. Once layer l is
   // reached, the values of layer l-2 and earlier are dropped: the memo holds
   // about two layers instead of the whole model's activations.
-  auto phase = [](const CanonName& c) {
+  auto phase = [](const SiteName& c) {
     if (c.kind == CanonName::Kind::Layer) return 1;
     if (c.kind == CanonName::Kind::Generated) return 2;
-    if (c.kind == CanonName::Kind::Step &&
-        (c.site == "final_norm" || c.site == "last_hidden" || c.site == "logits" || c.site == "next_logits"))
-      return 2;
+    if (c.id && site_info(*c.id).scope == SiteScope::AfterLayers) return 2;
     return 0;
   };
   // Inside a layer, site by site over the steps (each step's q, then each
   // step's k, ...): each weight matrix is then used for every call before the
-  // next one is converted.
-  auto layer_rank = [](const CanonName& c) {
+  // next one is converted. Site values follow the table's order; a name
+  // outside the table, and the residual stream carried to the next layer,
+  // come after every site.
+  const int after_sites = int(site_table().size());
+  auto layer_rank = [after_sites](const SiteName& c) {
     if (c.kind != CanonName::Kind::Layer) return 0;
-    const auto& sites = layer_sites();
-    return int(std::find(sites.begin(), sites.end(), c.site) - sites.begin());
+    return c.id ? int(*c.id) : after_sites;
   };
   std::vector<std::pair<std::tuple<int, int, int>, std::string>> order;
   std::set<int> steps_used;
-  int carry_to = -1;  // layers.l.out for l < carry_to is read by what is asked
+  int carry_to = -1;                             // layers.l.out for l < carry_to is read by what is asked
+  int lowest = std::numeric_limits<int>::max();  // the lowest layer asked for
   for (const auto& n : names) {
-    CanonName c = parse_name(n);
+    const SiteName c = parse_site_name(n);
     order.push_back({{phase(c), c.kind == CanonName::Kind::Layer ? c.layer : 0, layer_rank(c)}, n});
     if (c.kind == CanonName::Kind::Layer) {
       steps_used.insert(c.step);
       carry_to = std::max(carry_to, c.layer);
+      lowest = std::min(lowest, c.layer);
     } else if (phase(c) == 2) {
       if (c.kind == CanonName::Kind::Generated)
         for (int k = std::max(0, first_generating_); k < steps(); ++k) steps_used.insert(k);
@@ -251,11 +275,7 @@ void Graph::run(const std::vector<std::string>& names, Observer& out, std::map<s
   // layer is at hand: asked for or not, it must not be dropped with its layer
   // and then rebuilt from the layers below (for every layer: quadratic).
   const std::set<std::string> asked(names.begin(), names.end());
-  int lowest = carry_to;  // the lowest layer asked for
-  for (const auto& n : names) {
-    const CanonName c = parse_name(n);
-    if (c.kind == CanonName::Kind::Layer) lowest = std::min(lowest, c.layer);
-  }
+  lowest = std::min(lowest, carry_to);  // no layer asked for: the top of the layers carried
   for (int st : steps_used) {
     if (st < 0 || st >= steps()) continue;
     int first = opt_.window.whole() ? 0 : opt_.window.first;  // a shard computes none below its window
@@ -264,14 +284,14 @@ void Graph::run(const std::vector<std::string>& names, Observer& out, std::map<s
     // needed.
     if (opt_.inputs == Inputs::Dump)
       for (int l = lowest - 1; l >= first; --l)
-        if (dump_->has(layer_name(st, l, "out"))) {
+        if (dump_->has(layer_name(st, l, Site::Out))) {
           first = l + 1;
           break;
         }
     for (int l = first; l < carry_to && l < int(cfg_.num_hidden_layers); ++l) {
-      const std::string n = layer_name(st, l, "out");
+      const std::string n = layer_name(st, l, Site::Out);
       if (asked.count(n) || (opt_.inputs == Inputs::Dump && dump_->has(n))) continue;
-      order.push_back({{1, l, int(layer_sites().size())}, n});
+      order.push_back({{1, l, after_sites}, n});
     }
   }
   std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
@@ -309,8 +329,8 @@ torch::Tensor Graph::value(const std::string& name) const {
 void Graph::keep_only_caches() {
   const int last = steps() - 1;
   for (auto it = memo_.begin(); it != memo_.end();) {
-    CanonName c = parse_name(it->first);
-    const bool keep = c.kind == CanonName::Kind::Layer && c.step == last && is_cache_site(c.site);
+    const SiteName c = parse_site_name(it->first);
+    const bool keep = c.step == last && c.id && is_cache_site(*c.id);
     it = keep ? std::next(it) : memo_.erase(it);
   }
   dump_cache_.clear();
@@ -320,9 +340,9 @@ void Graph::keep_only_caches() {
 void Graph::forget_layers_before(int layer, bool keep_caches) {
   const int last = steps() - 1;
   auto old = [&](const std::string& name, bool is_memo) {
-    CanonName c = parse_name(name);
+    const SiteName c = parse_site_name(name);
     if (c.kind != CanonName::Kind::Layer || c.layer >= layer) return false;
-    return !(is_memo && keep_caches && c.step == last && is_cache_site(c.site));
+    return !(is_memo && keep_caches && c.step == last && c.id && is_cache_site(*c.id));
   };
   for (auto it = memo_.begin(); it != memo_.end();) it = old(it->first, true) ? memo_.erase(it) : std::next(it);
   for (auto it = dump_cache_.begin(); it != dump_cache_.end();)
@@ -360,8 +380,8 @@ std::string Graph::short_name(const std::string& name) {
 // The value an op reads for `name`, recording it in `reads`: the step's
 // tokens, a teacher-forced input from the dump, or a computed site.
 torch::Tensor Graph::input(const std::string& name, Value& reads) {
-  CanonName c = parse_name(name);
-  if (c.kind == CanonName::Kind::Step && c.site == "tokens" && c.step >= 0 && c.step < steps()) {
+  const SiteName c = parse_site_name(name);
+  if (c.id == Site::Tokens && c.step >= 0 && c.step < steps()) {
     reads.direct.push_back(short_name(name));
     reads.frontier.insert(name);
     return torch::tensor(tokens_[size_t(c.step)], torch::kLong);  // [T]
@@ -369,8 +389,7 @@ torch::Tensor Graph::input(const std::string& name, Value& reads) {
   if (opt_.inputs == Inputs::Dump && dump_->has(name)) return read(*dump_, c, name, reads);
   // A shard: the residual stream entering its first layer is the boundary dump's.
   const LayerWindow& win = opt_.window;
-  if (!win.whole() && win.first > 0 && c.kind == CanonName::Kind::Layer && c.layer == win.first - 1 &&
-      c.site == "out") {
+  if (!win.whole() && win.first > 0 && c.id == Site::Out && c.layer == win.first - 1) {
     if (!win.boundary || !win.boundary->has(name))
       throw MissingTensorError(win.boundary ? win.boundary->label() : std::string("shard ") + win.str(), name);
     return read(*win.boundary, c, name, reads);
@@ -421,7 +440,7 @@ const Graph::Value* Graph::compute(const std::string& name) {
   in_progress_.insert(name);
   Value v;
   try {
-    v = compute_uncached(parse_name(name));
+    v = compute_uncached(parse_site_name(name));
   } catch (const std::exception&) {
     // Free-running, every input exists: an error is the model's, reported.
     // Teacher-forced, an input may be missing or of a shape the op cannot
@@ -493,8 +512,7 @@ bool Graph::greedy_step(int s) const {
 // is left to be computed alone. `name_at(t, site)` names a site at step t;
 // `project(x)` is the op.
 template <class NameAt, class Project>
-Graph::Value Graph::batched_linear(int s, NameAt name_at, const std::string& in, const std::string& out,
-                                   Project project) {
+Graph::Value Graph::batched_linear(int s, NameAt name_at, Site in, Site out, Project project) {
   std::vector<int> steps;
   std::vector<Value> values;
   std::vector<torch::Tensor> xs;
@@ -532,285 +550,322 @@ Graph::Value Graph::batched_linear(int s, NameAt name_at, const std::string& in,
   return mine;
 }
 
-// --- the site table --------------------------------------------------------------
+// --- the site table ------------------------------------------------------------
 
-Graph::Value Graph::compute_uncached(const CanonName& c) {
+// A layer site being computed: where it is, what its op has read so far
+// (v), and the inputs the layer's ops take.
+struct Graph::LayerOp {
+  Graph& g;
+  const int s, l;  // step, layer
+  const Site site;
+  const LayerWeights& L;
+  const int64_t t;  // the step's tokens
+  Value v;          // the reads, then the value
+
+  torch::Tensor W(const WeightView& which) { return g.w_.weight(which); }  // converted as needed
+  torch::Tensor here(Site x) { return g.input(layer_name(s, l, x), v); }  // a site of this layer and step
+  torch::Tensor layer_input() {  // the residual stream entering the layer
+    return l == 0 ? g.input(step_name(s, Site::Embed), v) : g.input(layer_name(s, l - 1, Site::Out), v);  // [T, D]
+  }
+  // This site as linear(`in`, w, b), over every step at once with batch_steps.
+  Value project(Site in, const torch::Tensor& w, const torch::Tensor& b) {
+    const int layer = l;
+    return g.batched_linear(s, [layer](int k, Site x) { return layer_name(k, layer, x); }, in, site,
+                            [&](const torch::Tensor& x) { return ops::linear(x, w, b); });
+  }
+  // DynamicCache.update: the first call stores the tensors, later ones
+  // concatenate this site of the call before along the sequence axis (`dim`:
+  // 1 for [H, S, *] caches, 0 for MLA's [S, *] latent and k_pe caches).
+  torch::Tensor cache(const torch::Tensor& fresh, int64_t dim = 1) {
+    if (s == 0 || g.opt_.faults.kv_overwrite) return fresh;
+    return torch::cat({g.input(layer_name(s - 1, l, site), v), fresh}, dim);
+  }
+  Value result(torch::Tensor value) {
+    v.t = std::move(value);
+    return std::move(v);
+  }
+};
+
+// Hands a name to the stage that computes its site; what the model does not
+// have (model_has_site: attn.k on MLA, mlp.gate on a MoE layer, ...), or
+// what is not a site of the table, stays undefined.
+Graph::Value Graph::compute_uncached(const SiteName& c) {
   Value v;
-  const zoo::Faults& f = opt_.faults;
-  const int64_t Hq = cfg_.num_attention_heads, Hkv = cfg_.num_key_value_heads, Dh = cfg_.head_dim;
-  const int64_t n_rep = Hq / Hkv;  // num_key_value_groups
-  const double eps = cfg_.rms_norm_eps;
-  auto step_in = [&](int s, const std::string& site) { return input(step_name(s, site), v); };
   if (c.kind == CanonName::Kind::InvFreq) {
     if (steps() == 0) return v;
     v.t = step_rope_[0].inv_freq;  // [Dh/2]
     return v;
   }
-  if (c.kind == CanonName::Kind::Generated) {
+  if (c.kind == CanonName::Kind::Generated) {  // GenerationMixin._sample's greedy picks
     if (first_generating_ < 0) return v;
     std::vector<int64_t> g;
-    for (int s = first_generating_; s < steps(); ++s) g.push_back(argmax_row(step_in(s, "next_logits")));
+    for (int s = first_generating_; s < steps(); ++s)
+      g.push_back(argmax_row(input(step_name(s, Site::NextLogits), v)));
     v.t = torch::tensor(g, torch::kLong);  // [steps - first]
     return v;
   }
-  if (c.step < 0 || c.step >= steps()) return v;
-  const int s = c.step;
-  const int64_t t = T(s);
+  if (!c.id || c.step < 0 || c.step >= steps()) return v;
+  if (c.kind == CanonName::Kind::Step) return step_site(c.step, *c.id);
 
-  // LlamaModel.forward around the layers, and LlamaForCausalLM's head.
-  if (c.kind == CanonName::Kind::Step) {
-    const std::string& site = c.site;
-    if (site == "tokens") {
+  // LlamaDecoderLayer.forward (DeepseekV3DecoderLayer with MLA attention, a
+  // MoE block in place of the MLP on MoE layers).
+  if (c.layer < 0 || c.layer >= int64_t(w_.num_layers())) return v;
+  if (!model_has_site(cfg_, c.layer, *c.id)) return v;
+  LayerOp op{*this, c.step, c.layer, *c.id, w_.layer(c.layer), T(c.step), {}};
+  if (cfg_.mla.enabled)
+    if (std::optional<Value> r = mla_attention(op)) return std::move(*r);
+  if (cfg_.moe.is_moe_layer(c.layer))
+    if (std::optional<Value> r = moe_block(op)) return std::move(*r);
+  return decoder_layer(op);
+}
+
+// LlamaModel.forward around the layers, and LlamaForCausalLM's head.
+Graph::Value Graph::step_site(int s, Site site) {
+  Value v;
+  const zoo::Faults& f = opt_.faults;
+  const int64_t t = T(s);
+  auto step_in = [&](int k, Site x) { return input(step_name(k, x), v); };
+  switch (site) {
+    case Site::Tokens:
       if (opt_.inputs == Inputs::Tokens) {
         v.t = torch::tensor(tokens_[size_t(s)], torch::kLong);  // [T]
       } else if (greedy_step(s)) {  // a dump's tokens are its input, checked only where greedy
-        v.t = torch::tensor(std::vector<int64_t>{argmax_row(step_in(s - 1, "next_logits"))}, torch::kLong);
+        v.t = torch::tensor(std::vector<int64_t>{argmax_row(step_in(s - 1, Site::NextLogits))}, torch::kLong);
       }
-    } else if (site == "positions") {
-      v.t = positions(s);  // [T]
-    } else if (site == "rope.cos") {
-      v.t = rope_table(s).first;  // [T, Dh]
-    } else if (site == "rope.sin") {
-      v.t = rope_table(s).second;  // [T, Dh]
-    } else if (site == "mask") {
-      v.t = ops::mask_allowed(additive_mask(s));  // [T, S]
-    } else if (site == "embed") {
-      v.t = w_.embed_rows(step_in(s, "tokens"));  // [T, D]
-    } else if (site == "final_norm") {
-      torch::Tensor h = input(layer_name(s, int(cfg_.num_hidden_layers) - 1, "out"), v);  // [T, D]
-      v.t = ops::rms_norm(h, w_.final_norm, eps);                                         // [T, D]
-    } else if (site == "last_hidden") {
-      v.t = step_in(s, "final_norm")[f.last_token_first ? 0 : t - 1];  // [D]
-    } else if (site == "logits") {
-      auto head = [&](const torch::Tensor& x) { return w_.head(x, f.lm_head_embed); };
-      return batched_linear(s, [](int k, const std::string& x) { return step_name(k, x); }, "final_norm", "logits",
-                            head);  // [T, V]
-    } else if (site == "next_logits") {
-      v.t = step_in(s, "logits")[f.last_token_first ? 0 : t - 1];  // [V]
+      return v;
+    case Site::Positions: v.t = positions(s); return v;                         // [T]
+    case Site::RopeCos: v.t = rope_table(s).first; return v;                    // [T, Dh]
+    case Site::RopeSin: v.t = rope_table(s).second; return v;                   // [T, Dh]
+    case Site::Mask: v.t = ops::mask_allowed(additive_mask(s)); return v;       // [T, S]
+    case Site::Embed: v.t = w_.embed_rows(step_in(s, Site::Tokens)); return v;  // embed_tokens: [T, D]
+    case Site::FinalNorm: {  // norm
+      torch::Tensor h = input(layer_name(s, int(cfg_.num_hidden_layers) - 1, Site::Out), v);  // [T, D]
+      v.t = ops::rms_norm(h, w_.final_norm, cfg_.rms_norm_eps);                              // [T, D]
+      return v;
     }
-    return v;
+    case Site::LastHidden: v.t = step_in(s, Site::FinalNorm)[f.last_token_first ? 0 : t - 1]; return v;  // [D]
+    case Site::Logits: {  // lm_head
+      auto head = [&](const torch::Tensor& x) { return w_.head(x, f.lm_head_embed); };
+      return batched_linear(s, [](int k, Site x) { return step_name(k, x); }, Site::FinalNorm, Site::Logits,
+                            head);  // [T, V]
+    }
+    case Site::NextLogits: v.t = step_in(s, Site::Logits)[f.last_token_first ? 0 : t - 1]; return v;  // [V]
+    default: return v;  // the record's sites (rows, kv.*, sample.*) are no op of the graph
   }
+}
 
-  // LlamaDecoderLayer.forward
-  if (c.kind != CanonName::Kind::Layer || c.layer < 0 || c.layer >= int64_t(w_.num_layers())) return v;
-  const int l = c.layer;
-  const LayerWeights& L = w_.layer(l);
-  auto W = [&](const WeightView& which) { return w_.weight(which); };  // converted as needed
-  const std::string& site = c.site;
-  auto here = [&](const std::string& x) { return input(layer_name(s, l, x), v); };
-  auto at_layer = [l](int k, const std::string& x) { return layer_name(k, l, x); };
-  auto project = [&](const std::string& in, const torch::Tensor& w, const torch::Tensor& b) {
-    return batched_linear(s, at_layer, in, site, [&](const torch::Tensor& x) { return ops::linear(x, w, b); });
+// DeepseekV3Attention: low-rank q and kv, one rope part shared by the heads.
+// attn_norm, attn.probs, attn.out and the rest of the layer are Llama's.
+std::optional<Graph::Value> Graph::mla_attention(LayerOp& op) {
+  const zoo::Faults& f = opt_.faults;
+  const MlaConfig& m = cfg_.mla;
+  const LayerWeights& L = op.L;
+  const int64_t t = op.t, Hq = cfg_.num_attention_heads;
+  const int64_t Dn = m.qk_nope_head_dim, Dr = m.qk_rope_head_dim, Dv = m.v_head_dim, Rkv = m.kv_lora_rank;
+  const double lora_eps = 1e-6;  // DeepseekV3RMSNorm(rank) built without eps
+  auto rope_mla = [&](const torch::Tensor& x) {  // x [H, T, Dr]
+    auto [cos, sin] = rope_table(op.s);
+    return ops::apply_rope_mla(x, cos, sin, m.rope_interleave);
   };
-  auto layer_input = [&]() {
-    return l == 0 ? input(step_name(s, "embed"), v) : input(layer_name(s, l - 1, "out"), v);  // [T, D]
+  switch (op.site) {
+    case Site::AttnQA:  // q_a_proj
+      return op.project(Site::AttnNorm, op.W(L.q_a), {});  // [T, Rq]
+    case Site::AttnQANorm:  // q_a_layernorm
+      return op.result(ops::rms_norm(op.here(Site::AttnQA), op.W(L.q_a_norm), lora_eps));  // [T, Rq]
+    case Site::AttnQ:  // q_b_proj (q_proj without q_lora_rank)
+      return op.project(m.q_lora_rank > 0 ? Site::AttnQANorm : Site::AttnNorm, op.W(L.q), {});  // [T, Hq*(Dn+Dr)]
+    case Site::AttnKvA:  // kv_a_proj_with_mqa
+      return op.project(Site::AttnNorm, op.W(L.kv_a), {});  // [T, Rkv+Dr]
+    case Site::AttnKvANorm: {  // kv_a_layernorm of the latent part
+      torch::Tensor latent = op.here(Site::AttnKvA).narrow(-1, 0, Rkv);       // [T, Rkv]
+      return op.result(ops::rms_norm(latent, op.W(L.kv_a_norm), lora_eps));  // [T, Rkv]
+    }
+    case Site::AttnKv:  // kv_b_proj
+      return op.project(Site::AttnKvANorm, op.W(L.kv_b), {});  // [T, Hq*(Dn+Dv)]
+    case Site::AttnKPe:  // k_rot.view(b, 1, s, Dr), rotated
+      return op.result(rope_mla(op.here(Site::AttnKvA).narrow(-1, Rkv, Dr).unsqueeze(0)).squeeze(0));  // [T, Dr]
+    case Site::AttnQRope: {  // cat(q_pass, rope(q_rot))
+      torch::Tensor q = op.here(Site::AttnQ).view({t, Hq, Dn + Dr}).transpose(0, 1);  // [Hq, T, Dn+Dr]
+      const int64_t rot = f.mla_rope_front ? 0 : Dn, pass = f.mla_rope_front ? Dr : 0;
+      return op.result(torch::cat({q.narrow(-1, pass, Dn), rope_mla(q.narrow(-1, rot, Dr))}, -1));  // [Hq, T, Dn+Dr]
+    }
+    case Site::AttnKRope: {  // cat(k_pass, k_rot.expand(...))
+      torch::Tensor kv = op.here(Site::AttnKv).view({t, Hq, Dn + Dv}).transpose(0, 1);  // [Hq, T, Dn+Dv]
+      torch::Tensor k_pe = op.here(Site::AttnKPe).unsqueeze(0).expand({Hq, t, Dr});    // [Hq, T, Dr]
+      const int64_t key_at = f.mla_value_as_key ? Dn : 0;                              // the value rows (Dv == Dn)
+      return op.result(torch::cat({kv.narrow(-1, key_at, Dn), k_pe}, -1));             // [Hq, T, Dn+Dr]
+    }
+    case Site::AttnLatentCache:  // what an absorbed engine caches
+      return op.result(op.cache(op.here(Site::AttnKvANorm), 0));  // [S, Rkv]
+    case Site::AttnKPeCache:
+      return op.result(op.cache(op.here(Site::AttnKPe), 0));  // [S, Dr]
+    case Site::AttnKCache:  // HF's DynamicCache: full keys
+      return op.result(op.cache(op.here(Site::AttnKRope)));  // [Hq, S, Dn+Dr]
+    case Site::AttnVCache: {
+      torch::Tensor kv = op.here(Site::AttnKv).view({t, Hq, Dn + Dv}).transpose(0, 1);  // [Hq, T, Dn+Dv]
+      return op.result(op.cache(kv.narrow(-1, Dn, Dv)));                                // [Hq, S, Dv]
+    }
+    case Site::AttnScores: {  // repeat_kv is the identity (Hkv == Hq)
+      const double scaling = f.softmax_scale_dh ? 1.0 / double(m.qk_head_dim())
+                             : f.mla_no_mscale  ? std::pow(double(m.qk_head_dim()), -0.5)
+                                                : cfg_.attn_scaling();
+      return op.result(ops::attn_scores(op.here(Site::AttnQRope), op.here(Site::AttnKCache), scaling));  // [Hq, T, S]
+    }
+    case Site::AttnCtx:
+      return op.result(ops::attn_ctx(op.here(Site::AttnProbs), op.here(Site::AttnVCache)));  // [T, Hq*Dv]
+    default: return std::nullopt;
+  }
+}
+
+// The MoE block on MoE layers (MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock,
+// Qwen3MoeSparseMoeBlock, DeepseekV3MoE), and the residual around it.
+std::optional<Graph::Value> Graph::moe_block(LayerOp& op) {
+  const zoo::Faults& f = opt_.faults;
+  const MoeConfig& m = cfg_.moe;
+  const LayerWeights& L = op.L;
+  const torch::Tensor bias = m.correction_bias ? op.W(L.router_bias) : torch::Tensor();  // [E]
+  const bool shared = L.shared.gate && !f.moe_shared_missing;
+  auto mlp = [&](const MlpWeights& w, const torch::Tensor& x) {  // an expert, with gate-up-swap's swap
+    return f.gate_up_swap ? ops::mlp(x, op.W(w.up), op.W(w.gate), op.W(w.down))
+                          : ops::mlp(x, op.W(w.gate), op.W(w.up), op.W(w.down));
   };
+  switch (op.site) {
+    case Site::MoeRouterLogits:  // gate
+      return op.result(ops::router_logits(op.here(Site::MlpNorm), op.W(L.router), m));  // [T, E]
+    case Site::MoeRouterProbs: {  // softmax / sigmoid, float32
+      MoeConfig scoring = m;
+      if (f.moe_softmax_scoring) scoring.scoring = MoeConfig::Scoring::Softmax;
+      return op.result(ops::router_probs(op.here(Site::MoeRouterLogits), scoring));  // [T, E]
+    }
+    case Site::MoeTopkIds: {  // the choice, sorted ascending
+      const ops::Route r = ops::route(op.here(Site::MoeRouterProbs), bias, m, st_);
+      return op.result(std::get<0>(r.ids.sort(-1)));  // [T, K]
+    }
+    case Site::MoeTopkWeights: {
+      // HF's weights for the experts chosen: the route's own (its slot order,
+      // bit for bit) where the choice is the route's, else the same formula
+      // on the experts given.
+      torch::Tensor probs = op.here(Site::MoeRouterProbs), ids = op.here(Site::MoeTopkIds);  // [T, E], [T, K]
+      if (f.moe_bias_in_weights)  // the biased choice scores weighted instead
+        return op.result(ops::route_weights(probs + bias.to(probs.scalar_type()).unsqueeze(0), ids, m, st_));  // [T, K]
+      const ops::Route r = ops::route(probs, bias, m, st_);
+      auto [route_ids, order] = r.ids.sort(-1);                                 // [T, K] each
+      torch::Tensor same = (route_ids == ids).all(-1, /*keepdim=*/true);        // [T, 1]
+      torch::Tensor given = ops::route_weights(probs, ids, m, st_);             // [T, K]
+      return op.result(torch::where(same, r.weights.gather(1, order), given));  // [T, K]
+    }
+    case Site::MoeExpertOut: {  // each chosen expert on its token, before weighting
+      torch::Tensor ids = op.here(Site::MoeTopkIds);                                // [T, K]
+      torch::Tensor slots = ops::route_slots(op.here(Site::MoeRouterProbs), ids, m);  // [T, K]
+      auto expert = [&](int64_t e, const torch::Tensor& rows) {
+        if (f.moe_expert_shift) e = (e + 1) % m.num_experts;
+        return mlp(L.experts.at(size_t(e)), rows);  // [N, D]
+      };
+      return op.result(ops::experts_out(op.here(Site::MlpNorm), ids, slots, expert));  // [T, K, D]
+    }
+    case Site::MoeRouted:  // sum_k weight * expert_out
+      return op.result(ops::moe_combine(op.here(Site::MoeExpertOut), op.here(Site::MoeTopkWeights), st_));  // [T, D]
+    case Site::MoeShared: {  // shared expert(s), Qwen2-MoE's behind a sigmoid gate
+      if (!shared) return std::move(op.v);
+      torch::Tensor x = op.here(Site::MlpNorm);  // [T, D]
+      torch::Tensor y = mlp(L.shared, x);        // [T, D]
+      return op.result(m.shared_gate ? torch::sigmoid(ops::linear(x, op.W(L.shared_gate), {})) * y : y);  // [T, D]
+    }
+    case Site::MoeOut:  // routed + shared: [T, D]
+      return op.result(shared ? op.here(Site::MoeRouted) + op.here(Site::MoeShared) : op.here(Site::MoeRouted));
+    case Site::Out:  // residual + hidden_states
+      return op.result(op.here(Site::AttnResidual) + op.here(Site::MoeOut));  // [T, D]
+    default: return std::nullopt;
+  }
+}
+
+// LlamaDecoderLayer.forward: LlamaAttention (eager_attention_forward; Qwen2's
+// biases, Qwen3's q/k norms) and LlamaMLP, each behind its RMSNorm and
+// inside a residual.
+Graph::Value Graph::decoder_layer(LayerOp& op) {
+  const zoo::Faults& f = opt_.faults;
+  const LayerWeights& L = op.L;
+  const int64_t t = op.t, Hq = cfg_.num_attention_heads, Hkv = cfg_.num_key_value_heads, Dh = cfg_.head_dim;
+  const int64_t n_rep = Hq / Hkv;  // num_key_value_groups
+  const double eps = cfg_.rms_norm_eps;
+  const bool qk = cfg_.qk_norm;
+  const bool qk_late = qk && f.qk_norm_after_rope;
   auto rope = [&](const torch::Tensor& x) {  // x [H, T, Dh]
-    auto [cos, sin] = rope_table(s);
+    auto [cos, sin] = rope_table(op.s);
     return f.rope_interleaved ? apply_rope_interleaved(x, cos, sin) : ops::apply_rope(x, cos, sin);
   };
   auto repeat = [&](const torch::Tensor& kv) {  // [Hkv, S, Dh] -> [Hq, S, Dh]
     return f.repeat_kv_tile ? repeat_kv_tile(kv, n_rep) : ops::repeat_kv(kv, n_rep);
   };
-  // DynamicCache.update: the first call stores the tensors, later ones
-  // concatenate along the sequence axis (`dim`: 1 for [H, S, *] caches, 0
-  // for MLA's [S, *] latent and k_pe caches).
-  auto cache = [&](const std::string& which, const torch::Tensor& fresh, int64_t dim = 1) {
-    if (s == 0 || f.kv_overwrite) return fresh;
-    return torch::cat({input(layer_name(s - 1, l, which), v), fresh}, dim);
-  };
-  const bool qk = cfg_.qk_norm;
-  const bool qk_late = qk && f.qk_norm_after_rope;
-  const bool mla = cfg_.mla.enabled;
-  const bool moe = cfg_.moe.is_moe_layer(l);
-  const bool gqa_site = site == "attn.k" || site == "attn.v" || site == "attn.q_norm" || site == "attn.k_norm" ||
-                        site == "attn.k_rep" || site == "attn.v_rep";
-  const bool mla_site = site == "attn.q_a" || site == "attn.q_a_norm" || site == "attn.kv_a" ||
-                        site == "attn.kv_a_norm" || site == "attn.kv" || site == "attn.k_pe" ||
-                        site == "attn.latent_cache" || site == "attn.k_pe_cache";
-  if ((mla && gqa_site) || (!mla && mla_site)) return v;  // not a site of this attention
-  if (moe ? site.compare(0, 4, "mlp.") == 0 : site.compare(0, 4, "moe.") == 0) return v;
-
-  // DeepseekV3Attention: low-rank q and kv, one rope part shared by the heads.
-  if (mla) {
-    const MlaConfig& m = cfg_.mla;
-    const int64_t Dn = m.qk_nope_head_dim, Dr = m.qk_rope_head_dim, Dv = m.v_head_dim, Rkv = m.kv_lora_rank;
-    const double lora_eps = 1e-6;  // DeepseekV3RMSNorm(rank) built without eps
-    auto rope_mla = [&](const torch::Tensor& x) {  // x [H, T, Dr]
-      auto [cos, sin] = rope_table(s);
-      return ops::apply_rope_mla(x, cos, sin, m.rope_interleave);
-    };
-    if (site == "attn.q_a") {  // q_a_proj
-      if (m.q_lora_rank == 0) return v;
-      return project("attn_norm", W(L.q_a), {});  // [T, Rq]
-    } else if (site == "attn.q_a_norm") {  // q_a_layernorm
-      if (m.q_lora_rank == 0) return v;
-      v.t = ops::rms_norm(here("attn.q_a"), W(L.q_a_norm), lora_eps);  // [T, Rq]
-      return v;
-    } else if (site == "attn.q") {  // q_b_proj (q_proj without q_lora_rank)
-      return project(m.q_lora_rank > 0 ? "attn.q_a_norm" : "attn_norm", W(L.q), {});  // [T, Hq*(Dn+Dr)]
-    } else if (site == "attn.kv_a") {  // kv_a_proj_with_mqa
-      return project("attn_norm", W(L.kv_a), {});  // [T, Rkv+Dr]
-    } else if (site == "attn.kv_a_norm") {  // kv_a_layernorm of the latent part
-      v.t = ops::rms_norm(here("attn.kv_a").narrow(-1, 0, Rkv), W(L.kv_a_norm), lora_eps);  // [T, Rkv]
-      return v;
-    } else if (site == "attn.kv") {  // kv_b_proj
-      return project("attn.kv_a_norm", W(L.kv_b), {});  // [T, Hq*(Dn+Dv)]
-    } else if (site == "attn.k_pe") {  // k_rot.view(b, 1, s, Dr), rotated
-      v.t = rope_mla(here("attn.kv_a").narrow(-1, Rkv, Dr).unsqueeze(0)).squeeze(0);  // [T, Dr]
-      return v;
-    } else if (site == "attn.q_rope") {  // cat(q_pass, rope(q_rot))
-      torch::Tensor q = here("attn.q").view({t, Hq, Dn + Dr}).transpose(0, 1);  // [Hq, T, Dn+Dr]
-      const int64_t rot = f.mla_rope_front ? 0 : Dn, pass = f.mla_rope_front ? Dr : 0;
-      v.t = torch::cat({q.narrow(-1, pass, Dn), rope_mla(q.narrow(-1, rot, Dr))}, -1);  // [Hq, T, Dn+Dr]
-      return v;
-    } else if (site == "attn.k_rope") {  // cat(k_pass, k_rot.expand(...))
-      torch::Tensor kv = here("attn.kv").view({t, Hq, Dn + Dv}).transpose(0, 1);  // [Hq, T, Dn+Dv]
-      torch::Tensor k_pe = here("attn.k_pe").unsqueeze(0).expand({Hq, t, Dr});    // [Hq, T, Dr]
-      const int64_t key_at = f.mla_value_as_key ? Dn : 0;                         // the value rows (Dv == Dn)
-      v.t = torch::cat({kv.narrow(-1, key_at, Dn), k_pe}, -1);                    // [Hq, T, Dn+Dr]
-      return v;
-    } else if (site == "attn.latent_cache") {  // what an absorbed engine caches
-      v.t = cache("attn.latent_cache", here("attn.kv_a_norm"), 0);  // [S, Rkv]
-      return v;
-    } else if (site == "attn.k_pe_cache") {
-      v.t = cache("attn.k_pe_cache", here("attn.k_pe"), 0);  // [S, Dr]
-      return v;
-    } else if (site == "attn.k_cache") {  // HF's DynamicCache: full keys
-      v.t = cache("attn.k_cache", here("attn.k_rope"));  // [Hq, S, Dn+Dr]
-      return v;
-    } else if (site == "attn.v_cache") {
-      torch::Tensor kv = here("attn.kv").view({t, Hq, Dn + Dv}).transpose(0, 1);  // [Hq, T, Dn+Dv]
-      v.t = cache("attn.v_cache", kv.narrow(-1, Dn, Dv));                        // [Hq, S, Dv]
-      return v;
-    } else if (site == "attn.scores") {  // repeat_kv is the identity (Hkv == Hq)
-      const double scaling = f.softmax_scale_dh ? 1.0 / double(m.qk_head_dim())
-                             : f.mla_no_mscale  ? std::pow(double(m.qk_head_dim()), -0.5)
-                                                : cfg_.attn_scaling();
-      v.t = ops::attn_scores(here("attn.q_rope"), here("attn.k_cache"), scaling);  // [Hq, T, S]
-      return v;
-    } else if (site == "attn.ctx") {
-      v.t = ops::attn_ctx(here("attn.probs"), here("attn.v_cache"));  // [T, Hq*Dv]
-      return v;
+  switch (op.site) {
+    case Site::AttnNorm:  // input_layernorm
+      return op.result(ops::rms_norm(op.layer_input(), op.W(L.input_norm), eps));  // [T, D]
+    case Site::AttnQ:
+    case Site::AttnK:
+    case Site::AttnV: {  // q_proj / k_proj / v_proj
+      const bool q = op.site == Site::AttnQ, k = op.site == Site::AttnK;
+      const torch::Tensor w = op.W(q ? L.q : k ? L.k : L.v);
+      const torch::Tensor b = !cfg_.qkv_bias ? torch::Tensor() : op.W(q ? L.q_bias : k ? L.k_bias : L.v_bias);
+      return op.project(Site::AttnNorm, w, b);  // [T, H*Dh]
     }
-  }
-
-  // The MoE block on MoE layers (MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock,
-  // Qwen3MoeSparseMoeBlock, DeepseekV3MoE).
-  if (moe) {
-    const MoeConfig& m = cfg_.moe;
-    const torch::Tensor bias = m.correction_bias ? W(L.router_bias) : torch::Tensor();  // [E]
-    const bool shared = L.shared.gate && !f.moe_shared_missing;
-    auto mlp = [&](const MlpWeights& w, const torch::Tensor& x) {  // an expert, with gate-up-swap's swap
-      return f.gate_up_swap ? ops::mlp(x, W(w.up), W(w.gate), W(w.down)) : ops::mlp(x, W(w.gate), W(w.up), W(w.down));
-    };
-    if (site == "moe.router_logits") {  // gate
-      v.t = ops::router_logits(here("mlp_norm"), W(L.router), m);  // [T, E]
-    } else if (site == "moe.router_probs") {  // softmax / sigmoid, float32
-      MoeConfig scoring = m;
-      if (f.moe_softmax_scoring) scoring.scoring = MoeConfig::Scoring::Softmax;
-      v.t = ops::router_probs(here("moe.router_logits"), scoring);  // [T, E]
-    } else if (site == "moe.topk_ids") {  // the choice, sorted ascending
-      const ops::Route r = ops::route(here("moe.router_probs"), bias, m, st_);
-      v.t = std::get<0>(r.ids.sort(-1));  // [T, K]
-    } else if (site == "moe.topk_weights") {
-      // HF's weights for the experts chosen: the route's own (its slot order,
-      // bit for bit) where the choice is the route's, else the same formula
-      // on the experts given.
-      torch::Tensor probs = here("moe.router_probs"), ids = here("moe.topk_ids");   // [T, E], [T, K]
-      if (f.moe_bias_in_weights) {  // the biased choice scores weighted instead
-        v.t = ops::route_weights(probs + bias.to(probs.scalar_type()).unsqueeze(0), ids, m, st_);  // [T, K]
-        return v;
-      }
-      const ops::Route r = ops::route(probs, bias, m, st_);
-      auto [route_ids, order] = r.ids.sort(-1);                                     // [T, K] each
-      torch::Tensor same = (route_ids == ids).all(-1, /*keepdim=*/true);            // [T, 1]
-      v.t = torch::where(same, r.weights.gather(1, order), ops::route_weights(probs, ids, m, st_));  // [T, K]
-    } else if (site == "moe.expert_out") {  // each chosen expert on its token, before weighting
-      torch::Tensor ids = here("moe.topk_ids");  // [T, K]
-      torch::Tensor slots = ops::route_slots(here("moe.router_probs"), ids, m);  // [T, K]
-      auto expert = [&](int64_t e, const torch::Tensor& rows) {
-        if (f.moe_expert_shift) e = (e + 1) % m.num_experts;
-        return mlp(L.experts.at(size_t(e)), rows);  // [N, D]
-      };
-      v.t = ops::experts_out(here("mlp_norm"), ids, slots, expert);  // [T, K, D]
-    } else if (site == "moe.routed") {  // sum_k weight * expert_out
-      v.t = ops::moe_combine(here("moe.expert_out"), here("moe.topk_weights"), st_);  // [T, D]
-    } else if (site == "moe.shared") {  // shared expert(s), Qwen2-MoE's behind a sigmoid gate
-      if (!shared) return v;
-      torch::Tensor x = here("mlp_norm");  // [T, D]
-      torch::Tensor y = mlp(L.shared, x);  // [T, D]
-      v.t = m.shared_gate ? torch::sigmoid(ops::linear(x, W(L.shared_gate), {})) * y : y;  // [T, D]
-    } else if (site == "moe.out") {  // routed + shared
-      v.t = shared ? here("moe.routed") + here("moe.shared") : here("moe.routed");  // [T, D]
-    } else if (site == "out") {  // residual + hidden_states
-      v.t = here("attn_residual") + here("moe.out");  // [T, D]
+    case Site::AttnQNorm:
+    case Site::AttnKNorm: {  // Qwen3Attention: per head, before the transpose
+      const bool is_q = op.site == Site::AttnQNorm;
+      const int64_t H = is_q ? Hq : Hkv;
+      torch::Tensor x = op.here(is_q ? Site::AttnQ : Site::AttnK).view({t, H, Dh});  // [T, H, Dh]
+      if (qk_late) x = rope(x.transpose(0, 1)).transpose(0, 1);                    // [T, H, Dh]
+      return op.result(ops::rms_norm(x, op.W(is_q ? L.q_norm : L.k_norm), eps).reshape({t, H * Dh}));  // [T, H*Dh]
     }
-    if (site.compare(0, 4, "moe.") == 0 || site == "out") return v;
+    case Site::AttnQRope:
+    case Site::AttnKRope: {  // apply_rotary_pos_emb
+      const bool is_q = op.site == Site::AttnQRope;
+      const int64_t H = is_q ? Hq : Hkv;
+      const Site src = qk && !qk_late ? (is_q ? Site::AttnQNorm : Site::AttnKNorm) : (is_q ? Site::AttnQ : Site::AttnK);
+      return op.result(rope(op.here(src).view({t, H, Dh}).transpose(0, 1)));  // [H, T, Dh]
+    }
+    case Site::AttnKCache: {
+      // The cache holds the keys attention reads: after RoPE (and, with
+      // qk-norm-after-rope, after the norm that follows it).
+      torch::Tensor fresh = qk_late ? op.here(Site::AttnKNorm).view({t, Hkv, Dh}).transpose(0, 1)
+                                    : op.here(Site::AttnKRope);  // [Hkv, T, Dh]
+      return op.result(op.cache(fresh));                         // [Hkv, S, Dh]
+    }
+    case Site::AttnVCache:
+      return op.result(op.cache(op.here(Site::AttnV).view({t, Hkv, Dh}).transpose(0, 1)));  // [Hkv, S, Dh]
+    case Site::AttnKRep:  // eager_attention_forward: repeat_kv
+      return op.result(repeat(op.here(Site::AttnKCache)));  // [Hq, S, Dh]
+    case Site::AttnVRep:
+      return op.result(repeat(op.here(Site::AttnVCache)));  // [Hq, S, Dh]
+    case Site::AttnScores: {  // q @ k^T * scaling (self.head_dim**-0.5)
+      torch::Tensor q = qk_late ? op.here(Site::AttnQNorm).view({t, Hq, Dh}).transpose(0, 1)
+                                : op.here(Site::AttnQRope);  // [Hq, T, Dh]
+      const double scaling = f.softmax_scale_dh ? 1.0 / double(Dh) : std::pow(double(Dh), -0.5);
+      return op.result(ops::attn_scores(q, op.here(Site::AttnKRep), scaling));  // [Hq, T, S]
+    }
+    case Site::AttnProbs:  // softmax(scores + mask) in float32
+      return op.result(ops::attn_probs(op.here(Site::AttnScores), additive_mask(op.s)));  // [Hq, T, S]
+    case Site::AttnCtx:  // probs @ v, heads merged
+      return op.result(ops::attn_ctx(op.here(Site::AttnProbs), op.here(Site::AttnVRep)));  // [T, Hq*Dh]
+    case Site::AttnOut:  // o_proj (of ctx [T, Hq*Dv] for MLA)
+      return op.project(Site::AttnCtx, op.W(L.o), cfg_.o_bias ? op.W(L.o_bias) : torch::Tensor());  // [T, D]
+    case Site::AttnResidual:  // residual + hidden_states
+      return op.result(op.layer_input() + op.here(Site::AttnOut));  // [T, D]
+    case Site::MlpNorm:  // post_attention_layernorm
+      return op.result(ops::rms_norm(op.here(Site::AttnResidual), op.W(L.post_attn_norm), eps));  // [T, D]
+    case Site::MlpGate:  // LlamaMLP.gate_proj
+      return op.project(Site::MlpNorm, op.W(L.mlp.gate), {});  // [T, F]
+    case Site::MlpUp:  // up_proj
+      return op.project(Site::MlpNorm, op.W(L.mlp.up), {});  // [T, F]
+    case Site::MlpAct: {  // act_fn(gate) * up
+      torch::Tensor g = op.here(Site::MlpGate), u = op.here(Site::MlpUp);
+      return op.result(f.gate_up_swap ? ops::swiglu(u, g) : ops::swiglu(g, u));  // [T, F]
+    }
+    case Site::MlpDown:  // down_proj
+      return op.project(Site::MlpAct, op.W(L.mlp.down), {});  // [T, D]
+    case Site::Out:  // residual + hidden_states
+      return op.result(op.here(Site::AttnResidual) + op.here(Site::MlpDown));  // [T, D]
+    default: return std::move(op.v);  // not reached: MLA's and the MoE block's sites are theirs
   }
-
-  if (site == "attn_norm") {  // input_layernorm
-    v.t = ops::rms_norm(layer_input(), W(L.input_norm), eps);  // [T, D]
-  } else if (site == "attn.q" || site == "attn.k" || site == "attn.v") {  // q_proj / k_proj / v_proj
-    const char p = site.back();
-    const torch::Tensor w = W(p == 'q' ? L.q : p == 'k' ? L.k : L.v);
-    const torch::Tensor b = !cfg_.qkv_bias ? torch::Tensor()
-                                           : W(p == 'q'   ? L.q_bias
-                                               : p == 'k' ? L.k_bias
-                                                          : L.v_bias);
-    return project("attn_norm", w, b);  // [T, H*Dh]
-  } else if (site == "attn.q_norm" || site == "attn.k_norm") {  // Qwen3Attention: per head, before the transpose
-    if (!qk) return v;
-    const bool is_q = site == "attn.q_norm";
-    const int64_t H = is_q ? Hq : Hkv;
-    torch::Tensor x = here(is_q ? "attn.q" : "attn.k").view({t, H, Dh});             // [T, H, Dh]
-    if (qk_late) x = rope(x.transpose(0, 1)).transpose(0, 1);                       // [T, H, Dh]
-    v.t = ops::rms_norm(x, W(is_q ? L.q_norm : L.k_norm), eps).reshape({t, H * Dh});   // [T, H*Dh]
-  } else if (site == "attn.q_rope" || site == "attn.k_rope") {  // apply_rotary_pos_emb
-    const bool is_q = site == "attn.q_rope";
-    const int64_t H = is_q ? Hq : Hkv;
-    const std::string src = qk && !qk_late ? (is_q ? "attn.q_norm" : "attn.k_norm") : (is_q ? "attn.q" : "attn.k");
-    v.t = rope(here(src).view({t, H, Dh}).transpose(0, 1));  // [H, T, Dh]
-  } else if (site == "attn.k_cache") {
-    // The cache holds the keys attention reads: after RoPE (and, with
-    // qk-norm-after-rope, after the norm that follows it).
-    torch::Tensor fresh = qk_late ? here("attn.k_norm").view({t, Hkv, Dh}).transpose(0, 1)
-                                  : here("attn.k_rope");  // [Hkv, T, Dh]
-    v.t = cache("attn.k_cache", fresh);                   // [Hkv, S, Dh]
-  } else if (site == "attn.v_cache") {
-    v.t = cache("attn.v_cache", here("attn.v").view({t, Hkv, Dh}).transpose(0, 1));  // [Hkv, S, Dh]
-  } else if (site == "attn.k_rep") {  // eager_attention_forward: repeat_kv
-    v.t = repeat(here("attn.k_cache"));  // [Hq, S, Dh]
-  } else if (site == "attn.v_rep") {
-    v.t = repeat(here("attn.v_cache"));  // [Hq, S, Dh]
-  } else if (site == "attn.scores") {  // q @ k^T * scaling (self.head_dim**-0.5)
-    torch::Tensor q = qk_late ? here("attn.q_norm").view({t, Hq, Dh}).transpose(0, 1)
-                              : here("attn.q_rope");  // [Hq, T, Dh]
-    const double scaling = f.softmax_scale_dh ? 1.0 / double(Dh) : std::pow(double(Dh), -0.5);
-    v.t = ops::attn_scores(q, here("attn.k_rep"), scaling);  // [Hq, T, S]
-  } else if (site == "attn.probs") {  // softmax(scores + mask) in float32
-    v.t = ops::attn_probs(here("attn.scores"), additive_mask(s));  // [Hq, T, S]
-  } else if (site == "attn.ctx") {  // probs @ v, heads merged
-    v.t = ops::attn_ctx(here("attn.probs"), here("attn.v_rep"));  // [T, Hq*Dh]
-  } else if (site == "attn.out") {  // o_proj
-    return project("attn.ctx", W(L.o), cfg_.o_bias ? W(L.o_bias) : torch::Tensor());  // [T, D] (ctx [T, Hq*Dv] for MLA)
-  } else if (site == "attn_residual") {  // residual + hidden_states
-    v.t = layer_input() + here("attn.out");  // [T, D]
-  } else if (site == "mlp_norm") {  // post_attention_layernorm
-    v.t = ops::rms_norm(here("attn_residual"), W(L.post_attn_norm), eps);  // [T, D]
-  } else if (site == "mlp.gate") {  // LlamaMLP.gate_proj
-    return project("mlp_norm", W(L.mlp.gate), {});  // [T, F]
-  } else if (site == "mlp.up") {  // up_proj
-    return project("mlp_norm", W(L.mlp.up), {});  // [T, F]
-  } else if (site == "mlp.act") {  // act_fn(gate) * up
-    torch::Tensor g = here("mlp.gate"), u = here("mlp.up");
-    v.t = f.gate_up_swap ? ops::swiglu(u, g) : ops::swiglu(g, u);  // [T, F]
-  } else if (site == "mlp.down") {  // down_proj
-    return project("mlp.act", W(L.mlp.down), {});  // [T, D]
-  } else if (site == "out") {  // residual + hidden_states
-    v.t = here("attn_residual") + here("mlp.down");  // [T, D]
-  }
-  return v;
 }
 
 }  // namespace llmdiff::ref

@@ -27,6 +27,7 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -35,6 +36,8 @@
 #include "dumps/model/config.h"
 #include "dumps/contract/dump.h"
 #include "dumps/contract/layer_window.h"
+#include "dumps/contract/names.h"
+#include "dumps/contract/sites.h"
 #include "dumps/model/weights.h"
 #include "ref/ops.h"
 #include "ref/weights.h"
@@ -65,6 +68,15 @@ class RopeState {
   ops::RopeInit original_, current_;
   int64_t max_seq_len_cached_ = 0;
 };
+
+// A name parsed once: CanonName's kind, step, layer and site text, and the
+// site of the table (dumps/contract/sites.h) it names. `id` is nullopt for
+// rope.inv_freq, `generated`, and a name whose site is not in the table or
+// not of its scope (a layer site named at step level, or the reverse).
+struct SiteName : CanonName {
+  std::optional<Site> id;
+};
+SiteName parse_site_name(const std::string& name);
 
 enum class Inputs {
   Tokens,  // free-running: every site from the step tokens
@@ -139,7 +151,15 @@ class Graph {
   torch::Tensor input(const std::string& name, Value& reads);
   torch::Tensor read(const TensorSource& from, const CanonName& c, const std::string& name, Value& reads);
   const Value* compute(const std::string& name);
-  Value compute_uncached(const CanonName& c);
+
+  // The site table: which op computes each site from which sites. A stage
+  // that does not compute the site asked for answers nullopt.
+  struct LayerOp;  // a layer site being computed (graph.cpp)
+  Value compute_uncached(const SiteName& c);
+  Value step_site(int s, Site site);                 // LlamaModel around the layers, the head
+  std::optional<Value> mla_attention(LayerOp& op);   // DeepseekV3Attention
+  std::optional<Value> moe_block(LayerOp& op);       // the MoE block of a MoE layer
+  Value decoder_layer(LayerOp& op);                  // LlamaDecoderLayer: attention and MLP
   void forget_layers_before(int layer, bool keep_caches);
 
   int64_t T(int s) const { return int64_t(tokens_[size_t(s)].size()); }
@@ -149,7 +169,7 @@ class Graph {
   torch::Tensor additive_mask(int s) const;
   bool greedy_step(int s) const;
   template <class NameAt, class Project>
-  Value batched_linear(int s, NameAt name_at, const std::string& in, const std::string& out, Project project);
+  Value batched_linear(int s, NameAt name_at, Site in, Site out, Project project);
 
   ModelConfig cfg_;
   LayerByLayerWeights& w_;
@@ -171,7 +191,7 @@ class Graph {
 
 // The sites a forward call carries to the next: the KV caches (GQA's k/v,
 // MLA's latent and k_pe too).
-bool is_cache_site(const std::string& site);
+bool is_cache_site(Site site);
 
 // The ref's producer text for a manifest.
 std::string producer(ComputeDType dtype);

@@ -81,13 +81,12 @@ class RefEngine : public Engine {
     // that a later call can report them).
     std::vector<std::string> names;
     for (std::string& n : graph_->names(s, s + 1)) {
-      const CanonName c = parse_name(n);
-      const bool needed = (c.kind == CanonName::Kind::Step && c.site == "next_logits") ||
-                          (c.kind == CanonName::Kind::Layer && is_cache_site(c.site));
+      const SiteName c = parse_site_name(n);
+      const bool needed = c.id && (*c.id == Site::NextLogits || is_cache_site(*c.id));
       if (needed || obs.wants(n)) names.push_back(std::move(n));
     }
     graph_->run(names, obs, nullptr, /*keep_caches=*/true);
-    torch::Tensor next = graph_->value(step_name(s, "next_logits")).to(torch::kFloat).contiguous();  // [V]
+    torch::Tensor next = graph_->value(step_name(s, Site::NextLogits)).to(torch::kFloat).contiguous();  // [V]
     graph_->keep_only_caches();
     return std::vector<float>(next.data_ptr<float>(), next.data_ptr<float>() + next.numel());
   }
