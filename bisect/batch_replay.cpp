@@ -4,7 +4,6 @@
 #include <cstdio>
 
 #include "compare/paged_kv.h"
-#include "compare/signature_finders.h"
 #include "dumps/zoo/bugs.h"
 #include "dumps/base/errors.h"
 #include "dumps/contract/names.h"
@@ -65,19 +64,18 @@ std::shared_ptr<const TensorSource> clean_batch_replay(const ModelOracles& m, co
   return clean;
 }
 
-void explain_batch_by_replay(const ModelOracles& m, const TensorSource& cand, compare::BatchBisect& b) {
-  if (!b.first) return;
-  compare::SequenceBisect& s = b.sequences[*b.first];
-  compare::Diagnosis& d = s.result.diagnosis;
-  if (d.bug || s.result.ok() || m.model.config.mla.enabled || m.model.config.moe.enabled()) return;
+std::optional<compare::BatchReplayEvidence> batch_replay_evidence(const ModelOracles& m, const TensorSource& cand,
+                                                                  const compare::SequenceBisect& s) {
+  if (s.result.ok() || m.model.config.mla.enabled || m.model.config.moe.enabled()) return std::nullopt;
   const impl::BatchSchedule schedule = impl::schedule_of(cand);
   const compare::KvCacheLayout layout = compare::manifest_kv_cache(cand.manifest(), cand.label());
   std::vector<std::string> record;
   for (const compare::TensorComparison& t : s.result.global.tensors)
     if (!t.pass) record.push_back(sequence_prefix(s.seq) + t.name);
-  if (record.empty()) return;
-  std::vector<std::pair<const zoo::BugInfo*, Reproduction>> fits;
-  std::string tried;
+  if (record.empty()) return std::nullopt;
+  compare::BatchReplayEvidence e;
+  e.seq = s.seq;
+  e.iterations = schedule.iterations.size();
   for (const zoo::BugInfo* info : zoo::batch_bugs()) {
     impl::BatchEngineOptions o;
     o.threads = m.threads;
@@ -91,26 +89,18 @@ void explain_batch_by_replay(const ModelOracles& m, const TensorSource& cand, co
       continue;  // the schedule cannot run with this bug (e.g. beyond the model's positions)
     }
     const Reproduction r = reproduction(cand, hyp, s);
-    tried += std::string(tried.empty() ? "" : "; ") + info->name + " " + std::to_string(r.agree) + "/" +
-             std::to_string(r.compared);
-    if (r.compared > 0 && r.agree == r.compared) fits.push_back({info, r});
+    e.tried += std::string(e.tried.empty() ? "" : "; ") + info->name + " " + std::to_string(r.agree) + "/" +
+               std::to_string(r.compared);
+    if (r.compared > 0 && r.agree == r.compared) {
+      if (e.fits.empty()) {
+        e.compared = r.compared;
+        e.worst = r.worst;
+      }
+      e.fits.push_back(info->name);
+      e.descriptions.push_back(info->description);
+    }
   }
-  if (fits.empty()) {
-    d.evidence += "; replaying the batch's " + std::to_string(schedule.iterations.size()) +
-                  " engine iterations with each batch bug reproduces none of them (diverging names reproduced: " +
-                  tried + ")";
-    return;
-  }
-  const auto& [info, r] = fits.front();
-  d.bug = compare::Hypothesis{info->name, std::nullopt};
-  d.description = info->description;
-  d.basis = "batch replay";
-  d.ambiguous.clear();
-  for (size_t k = 1; k < fits.size(); ++k) d.ambiguous.push_back(fits[k].first->name);
-  d.evidence = "replaying the batch's " + std::to_string(schedule.iterations.size()) +
-               " engine iterations through the continuous-batching engine with " + info->name + " reproduces seq" +
-               std::to_string(s.seq) + "'s " + std::to_string(r.compared) + " diverging names (worst " +
-               compare::sig::num(r.worst) + " of the agreement threshold); per bug: " + tried;
+  return e;
 }
 
 }  // namespace llmdiff::bisect
