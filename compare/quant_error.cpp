@@ -69,7 +69,7 @@ QuantErrorReport quantisation_error(const TensorSource& source_truth, const Tens
   };
   for (const auto& [layer, g] : groups)
     if (layer >= 0) r.rows.push_back(row("layer " + std::to_string(layer), layer, g));
-  if (groups.count(-1)) r.rows.push_back(row("next_logits", -1, groups.at(-1)));
+  if (groups.count(-1)) r.rows.push_back(row(site_name(Site::NextLogits), -1, groups.at(-1)));
   return r;
 }
 

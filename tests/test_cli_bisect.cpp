@@ -1126,9 +1126,9 @@ TEST(BisectCommands, RunWithAnInjectedBugPrintsTheDiagnosis) {
   EXPECT_EQ(t.out.find("peak"), std::string::npos) << "phase lines belong on stderr";
   EXPECT_NE(t.out.find("Diagnosis at step0.layers.0.attn.q_rope: rope-interleaved"), std::string::npos) << t.out;
 
-  const std::string report = temp_path("bisect-report.md");
+  const std::string report = temp_path("bisect-report.md"), junit = temp_path("bisect-report.xml");
   CliRun j = run_cli({"run", "--model", model, "--replay", replay, "--inject", "rope-interleaved", "--threads", "1",
-                      "--json", "--report", report});
+                      "--json", "--report", report, "--junit", junit});
   ASSERT_EQ(j.code, 1) << j.error;
   nlohmann::json doc = nlohmann::json::parse(j.out);
   EXPECT_EQ(doc["schema"], "llmdiff.bisect/1");
@@ -1140,9 +1140,15 @@ TEST(BisectCommands, RunWithAnInjectedBugPrintsTheDiagnosis) {
   EXPECT_EQ(doc["criterion"], "noise-floor");
   EXPECT_EQ(doc["noise_second_run"], "impl");
   EXPECT_EQ(doc["exit_code"], 1);
+  EXPECT_EQ(doc["finding"]["kind"], "zoo-bug");
+  EXPECT_EQ(doc["finding"]["headline"], "rope-interleaved (evidence: " + doc["diagnosis"]["basis"].get<std::string>() + ")");
+  EXPECT_EQ(doc["headline"], "Divergence, localised at step0.layers.0.attn.q_rope. Diagnosis: " +
+                                 doc["finding"]["headline"].get<std::string>());
   std::string md = read_text(report);
   EXPECT_NE(md.find("# llmdiff bisection report"), std::string::npos);
   EXPECT_NE(md.find("`rope-interleaved`"), std::string::npos);
+  const std::string xml = read_text(junit);
+  EXPECT_NE(xml.find("<failure message=\"" + doc["headline"].get<std::string>() + "\""), std::string::npos) << xml;
   for (const auto& e : fs::directory_iterator(fs::path(report).parent_path()))
     EXPECT_EQ(e.path().filename().string().find("bisect-report.md.tmp"), std::string::npos) << "temporary left behind";
 }
