@@ -297,7 +297,7 @@ BisectResult bisect_source(const TensorSource& cand, const WindowSource* view, c
   note_findings(cand, r);
 
   const LocalOracle* diagnosis_oracle = opt.local ? oracle : nullptr;
-  compare::explain(r, [&](compare::Need need, BisectResult& res) {
+  const compare::Gather gather = [&](compare::Need need, BisectResult& res) {
     if (need != compare::Need::Diagnosis) return more ? more(need, res) : false;
     if (!opt.diagnose) return false;
     compare::DiagnoseInputs in;
@@ -320,7 +320,11 @@ BisectResult bisect_source(const TensorSource& cand, const WindowSource* view, c
     res.evidence.diagnosed = true;
     done("diagnosis: error signatures");
     return true;
-  });
+  };
+  // Nothing diverges: the diagnosis is empty and costs nothing, and is made
+  // all the same, so that every diagnosed bisection reports its phase.
+  if (!r.localised_at() && gather(compare::Need::Diagnosis, r)) r.evidence.gathered.push_back(compare::Need::Diagnosis);
+  compare::explain(r, gather);
   if (const std::optional<std::string> at = r.localised_at()) r.heatmap = compare::error_heatmap(*at, *p.ref, cand);
   if (!r.heatmap) r.heatmap = r.global.heatmap;
   return r;

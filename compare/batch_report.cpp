@@ -104,17 +104,19 @@ std::string render_batch_table(const BatchBisect& b, const BisectTableOptions& o
   std::ostringstream o;
   o << "several sequences in " << b.candidate_label << ": " << b.sequences.size()
     << ", each bisected as its own forward calls against the reference running it alone\n";
-  o << "seq     steps  verdict   first divergence                                step  iteration  localised at\n";
+  o << "seq     steps  verdict   first divergence                                step  iteration  localised at  finding\n";
   for (const SequenceBisect& s : b.sequences) {
     const auto first = s.result.first_divergence();
     const auto at = s.result.localised_at();
     char line[512];
-    std::snprintf(line, sizeof line, "seq%-4d %5d  %-8s  %-46s  %4s  %9s  %s\n", s.seq,
+    std::snprintf(line, sizeof line, "seq%-4d %5d  %-8s  %-46s  %4s  %9s  %s", s.seq,
                   int(s.result.scenario.steps.size()), s.result.ok() ? "ok" : "diverges",
                   first ? first->c_str() : "-", s.step ? std::to_string(*s.step).c_str() : "-",
                   s.iteration ? std::to_string(*s.iteration).c_str() : "-",
                   s.result.ok() ? "-" : at.value_or("-").c_str());
     o << line;
+    if (!s.result.ok()) o << "  " << headline(s.result.finding);
+    o << "\n";
   }
   if (const SequenceBisect* f = b.first_divergent()) {
     o << "first divergent sequence: seq" << f->seq;

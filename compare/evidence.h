@@ -78,7 +78,7 @@ struct BatchReplayEvidence {
 };
 
 struct Evidence {
-  std::vector<Need> gathered;    // the needs already gathered (or refused)
+  std::vector<Need> gathered;    // the needs gathered so far (a refused one may be asked again)
   bool diagnosed = false;        // the zoo's hypotheses were tested (BisectResult::diagnosis)
   std::optional<RingWrap> ring;  // a ring KV cache that wraps
   std::optional<WeightsDtypeCheck> weights_dtype;
