@@ -201,7 +201,7 @@ void judge_locally(const TensorSource& cand, const WindowSource* view, const Loc
   if (clean.get() == &cand) {
     st.second_local = compare::SecondNoise(compare::local_noise(cand, *p.cand_local));
   } else if (clean) {
-    st.second_local = compare::SecondNoise([&cand, progress, clean, view, oracle](const std::vector<std::string>& names) {
+    auto fill = [&cand, progress, clean, view, oracle](const std::vector<std::string>& names) {
       const compare::SubsetSource subset(*clean, cand.names());
       const std::unique_ptr<Recomputed> own =
           view ? oracle->recompute(WithShardInputs(subset, *view), ComputeDType::Float64, nullptr, &names)
@@ -209,7 +209,8 @@ void judge_locally(const TensorSource& cand, const WindowSource* view, const Loc
       compare::LocalNoise n = compare::local_noise(subset, *own);
       (*progress)("local recompute of the clean run at " + std::to_string(names.size()) + " sites");
       return n;
-    });
+    };
+    st.second_local = compare::SecondNoise(fill);
   }
   r.local = compare::judge_local(cand, *p.cand_local, nullptr, p.cand_local.get(), r.dtype, sites,
                                  clean ? &st.second_local : nullptr, &*st.ref_ops);

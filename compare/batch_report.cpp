@@ -104,7 +104,8 @@ std::string render_batch_table(const BatchBisect& b, const BisectTableOptions& o
   std::ostringstream o;
   o << "several sequences in " << b.candidate_label << ": " << b.sequences.size()
     << ", each bisected as its own forward calls against the reference running it alone\n";
-  o << "seq     steps  verdict   first divergence                                step  iteration  localised at  finding\n";
+  o << "seq     steps  verdict   first divergence                                step  iteration  localised at"
+       "  finding\n";
   for (const SequenceBisect& s : b.sequences) {
     const auto first = s.result.first_divergence();
     const auto at = s.result.localised_at();

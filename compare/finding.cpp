@@ -128,7 +128,8 @@ json finding_to_json(const Finding& f) {
         j["dtype"] = compute_dtype_name(f.dtype);
       break;
     case FindingKind::Layout:
-      j["layout"] = {{"kind", finding_kind_name(f.layout.kind)}, {"rope", f.layout.rope}, {"summary", f.layout.summary}};
+      j["layout"] = {
+          {"kind", finding_kind_name(f.layout.kind)}, {"rope", f.layout.rope}, {"summary", f.layout.summary}};
       break;
     case FindingKind::RingWrap: j["ring"] = {{"step", f.wrap_step}, {"capacity", f.capacity}}; break;
     case FindingKind::Signature:

@@ -108,7 +108,8 @@ std::vector<KindCase> every_kind() {
   std::unique_ptr<MemoryDump> bf16 = golden_with("llama-mha-bf16");
   bf16->mutable_manifest().dtype = "float32";
   cases.push_back(
-      {"HF's bfloat16 run declared float32", FindingKind::Precision, bisect_of("llama-mha-bf16", *bf16), "llama-mha-bf16"});
+      {"HF's bfloat16 run declared float32", FindingKind::Precision, bisect_of("llama-mha-bf16", *bf16),
+       "llama-mha-bf16"});
   cases.push_back({"HF's q/k rows in llama.cpp's RoPE layout", FindingKind::Layout,
                    bisect_of(gqa, *golden_with(gqa, [Dh](TensorData& t) {
                                for (Site s : {Site::AttnQ, Site::AttnK, Site::AttnQRope, Site::AttnKRope,

@@ -1141,7 +1141,8 @@ TEST(BisectCommands, RunWithAnInjectedBugPrintsTheDiagnosis) {
   EXPECT_EQ(doc["noise_second_run"], "impl");
   EXPECT_EQ(doc["exit_code"], 1);
   EXPECT_EQ(doc["finding"]["kind"], "zoo-bug");
-  EXPECT_EQ(doc["finding"]["headline"], "rope-interleaved (evidence: " + doc["diagnosis"]["basis"].get<std::string>() + ")");
+  EXPECT_EQ(doc["finding"]["headline"],
+            "rope-interleaved (evidence: " + doc["diagnosis"]["basis"].get<std::string>() + ")");
   EXPECT_EQ(doc["headline"], "Divergence, localised at step0.layers.0.attn.q_rope. Diagnosis: " +
                                  doc["finding"]["headline"].get<std::string>());
   std::string md = read_text(report);

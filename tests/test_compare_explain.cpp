@@ -394,7 +394,8 @@ TEST(FingerprintFinders, EachCheckIsAFinderOfTheTable) {
   }
   EXPECT_EQ(names.size(), 14u);
   // One finder alone: positions restarting at 0, on a toy decode whose step 1 restarts.
-  auto ref = llmdiff::testing::toy_dump(false, false, false, 1.0f), cand = llmdiff::testing::toy_dump(true, false, false, 1.0f);
+  auto ref = llmdiff::testing::toy_dump(false, false, false, 1.0f);
+  auto cand = llmdiff::testing::toy_dump(true, false, false, 1.0f);
   const DiffResult g = compare_dumps(*ref, *cand);
   const Scenario sc = llmdiff::testing::toy_scenario();
   std::vector<Fingerprint> out;
