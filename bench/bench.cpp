@@ -354,7 +354,7 @@ std::string bench_run_pipeline(const BenchOptions& o, const std::vector<std::str
   const std::unique_ptr<MemoryDump> cand = bisect::run_impl_candidate(m, sc, eo);
   phase(inject.empty() ? "candidate run (impl)" : "candidate run (impl --inject " + inject.front() + ")");
   const double candidate_s = seconds_since(start);
-  compare::BisectOptions bo;
+  bisect::BisectOptions bo;
   bo.progress = phase;
   const compare::BisectResult r = bisect::bisect_impl_candidate(m, *cand, !inject.empty(), bo);
   const double total = seconds_since(start);
@@ -367,7 +367,7 @@ std::string bench_run_pipeline(const BenchOptions& o, const std::vector<std::str
             {"local_sites", r.local.sites.size()},
             {"local_failing", r.local.failing()},
             {"localised_at", r.localised_at().value_or("")},
-            {"diagnosis", r.diagnosis.bug ? r.diagnosis.bug->str() : ""},
+            {"diagnosis", compare::named_bug(r.finding) ? compare::named_bug(r.finding)->str() : ""},
             {"exit_code", r.exit_code()}};
   if (!inject.empty()) j["injected"] = inject.front();
   return j.dump();

@@ -4,7 +4,6 @@
 #include <cstdio>
 
 #include "compare/paged_kv.h"
-#include "compare/signature_finders.h"
 #include "dumps/zoo/bugs.h"
 #include "dumps/base/errors.h"
 #include "dumps/contract/names.h"
@@ -61,28 +60,28 @@ std::shared_ptr<const TensorSource> clean_batch_replay(const ModelOracles& m, co
   return clean;
 }
 
-void explain_batch_by_replay(const ModelOracles& m, const TensorSource& cand, compare::BatchBisect& b) {
-  if (!b.first) return;
-  compare::SequenceBisect& s = b.sequences[*b.first];
-  compare::Diagnosis& d = s.result.diagnosis;
-  if (d.bug || s.result.ok()) return;
+std::optional<compare::BatchReplayEvidence> batch_replay_evidence(const ModelOracles& m, const TensorSource& cand,
+                                                                  const compare::SequenceBisect& s) {
+  if (s.result.ok()) return std::nullopt;
   const impl::BatchSchedule schedule = impl::schedule_of(cand);
   const compare::KvCacheLayout layout = compare::manifest_kv_cache(cand.manifest(), cand.label());
   std::vector<std::string> record;
   for (const compare::TensorComparison& t : s.result.global.tensors)
     if (!t.pass) record.push_back(sequence_prefix(s.seq) + t.name);
-  if (record.empty()) return;
+  if (record.empty()) return std::nullopt;
+  compare::BatchReplayEvidence e;
+  e.seq = s.seq;
+  e.iterations = schedule.iterations.size();
   // Every bug of the zoo that applies: the batch bugs, and the model's
   // (parameterised ones once per value of their grid).
   std::vector<compare::Hypothesis> hypotheses;
   for (const zoo::BugInfo* info : zoo::batch_bugs()) hypotheses.push_back({info->name, std::nullopt});
   for (const compare::Hypothesis& h : m.hypotheses.hypotheses()) hypotheses.push_back(h);
   const PrecisionProfile precision = PrecisionProfile::from_manifest(cand.manifest().extra, cand.label());
-  std::vector<std::pair<compare::Hypothesis, Reproduction>> fits;
-  std::string tried;
+  const bool padded = cand.manifest().extra.count("padding") > 0;
   for (const compare::Hypothesis& h : hypotheses) {
     const zoo::BugInfo* info = zoo::find_bug(h.bug);
-    if (!info || (info->needs_padding && !cand.manifest().extra.count("padding"))) continue;
+    if (!info || (info->needs_padding && !padded)) continue;
     impl::BatchEngineOptions o;
     o.threads = m.threads;
     o.block_size = layout.kind == "paged" && layout.block_size > 0 ? layout.block_size : 16;
@@ -96,25 +95,18 @@ void explain_batch_by_replay(const ModelOracles& m, const TensorSource& cand, co
       continue;  // the schedule cannot run with this bug (e.g. beyond the model's positions)
     }
     const Reproduction r = reproduction(cand, hyp, s);
-    tried += (tried.empty() ? "" : "; ") + h.str() + " " + std::to_string(r.agree) + "/" + std::to_string(r.compared);
-    if (r.compared > 0 && r.agree == r.compared) fits.push_back({h, r});
+    e.tried += (e.tried.empty() ? "" : "; ") + h.str() + " " + std::to_string(r.agree) + "/" + std::to_string(r.compared);
+    if (r.compared > 0 && r.agree == r.compared) {
+      if (e.fits.empty()) {
+        e.compared = r.compared;
+        e.worst = r.worst;
+      }
+      e.fits.push_back(h.bug);
+      e.values.push_back(h.value);
+      e.descriptions.push_back(info->description);
+    }
   }
-  if (fits.empty()) {
-    d.evidence += "; replaying the batch's " + std::to_string(schedule.iterations.size()) +
-                  " engine iterations with each bug of the zoo reproduces none of them (diverging names reproduced: " +
-                  tried + ")";
-    return;
-  }
-  const auto& [h, r] = fits.front();
-  d.bug = h;
-  d.description = zoo::find_bug(h.bug)->description;
-  d.basis = "batch replay";
-  d.ambiguous.clear();
-  for (size_t k = 1; k < fits.size(); ++k) d.ambiguous.push_back(fits[k].first.str());
-  d.evidence = "replaying the batch's " + std::to_string(schedule.iterations.size()) +
-               " engine iterations through the continuous-batching engine with " + h.str() + " reproduces seq" +
-               std::to_string(s.seq) + "'s " + std::to_string(r.compared) + " diverging names (worst " +
-               compare::sig::num(r.worst) + " of the agreement threshold); per bug: " + tried;
+  return e;
 }
 
 }  // namespace llmdiff::bisect

@@ -1,12 +1,14 @@
 // The zoo's bugs tested by replay: the engine schedule a several-sequence
 // dump records (iter{N}.* and each sequence's step tokens) is run again
 // through the impl's continuous-batching engine, once with each bug of the
-// zoo that applies (the batch bugs and the model's), and the bug that
-// reproduces the first divergent sequence's diverging names is named. It needs none of the names the fingerprints read
+// zoo that applies (the batch bugs and the model's), against the first
+// divergent sequence's diverging names: evidence for the explainers
+// (compare/explain.h, "batch replay"). It needs none of the names the fingerprints read
 // (positions, probabilities, kv.*), so it names the bug from a cut-down dump
 // too (layer outputs and logits).
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "bisect/pipeline.h"
@@ -25,10 +27,11 @@ namespace llmdiff::bisect {
 std::shared_ptr<const TensorSource> clean_batch_replay(const ModelOracles& m, const TensorSource& cand,
                                                       std::string* why);
 
-// When the first divergent sequence of `b` has no bug named: the replay of
-// every bug of the zoo. One that reproduces all its diverging names (each within
-// twice its noise-floor threshold) becomes its diagnosis (basis "batch
-// replay"); several that do are listed as equally supported.
-void explain_batch_by_replay(const ModelOracles& m, const TensorSource& cand, compare::BatchBisect& b);
+// The replay of every bug of the zoo against sequence `s` (the first
+// divergent one): those that reproduce all its diverging names, each within
+// twice its noise-floor threshold, and the numbers of every one tried.
+// nullopt when the sequence gives nothing to replay (nothing diverges).
+std::optional<compare::BatchReplayEvidence> batch_replay_evidence(const ModelOracles& m, const TensorSource& cand,
+                                                                  const compare::SequenceBisect& s);
 
 }  // namespace llmdiff::bisect

@@ -1,5 +1,7 @@
 #include "bisect/pipeline.h"
 #include "bisect/batch_replay.h"
+#include "bisect/ggml_rounding.h"
+#include "compare/sampling_check.h"
 #include "dumps/contract/padding.h"
 #include "dumps/contract/consistency.h"
 
@@ -16,6 +18,7 @@
 #include "dumps/base/errors.h"
 #include "dumps/contract/names.h"
 #include "dumps/contract/sequences.h"
+#include "dumps/contract/sites.h"
 #include "dumps/base/threads.h"
 #include "dumps/zoo/bugs.h"
 #include "impl/impl_engine.h"
@@ -54,7 +57,7 @@ class SelectiveDump : public MemoryDump {
     pending_ = exact_;
     // Bookkeeping a candidate may carry and no engine records (its row list).
     for (auto it = pending_.begin(); it != pending_.end();)
-      it = parse_name(*it).site == "rows" ? pending_.erase(it) : std::next(it);
+      it = parse_name(*it).site == site_name(Site::Rows) ? pending_.erase(it) : std::next(it);
   }
   bool wants(const std::string& name) const override {
     return all_ || exact_.count(name) || any_glob_match(globs_, name);
@@ -153,7 +156,7 @@ std::unique_ptr<MemoryDump> RefRunner::run(const Scenario& sc, ComputeDType dtyp
   std::vector<std::string> names;
   for (auto& n : graph.names(0, graph.steps())) {
     const CanonName c = parse_name(n);
-    if (truth && (c.kind == CanonName::Kind::Generated || (c.kind == CanonName::Kind::Step && c.site == "tokens")))
+    if (truth && (c.kind == CanonName::Kind::Generated || (c.kind == CanonName::Kind::Step && c.site == site_name(Site::Tokens))))
       continue;
     if (dump->wants(n)) names.push_back(std::move(n));
   }
@@ -172,7 +175,7 @@ int RefRunner::threads() const { return resolve_threads(threads_); }
 // two parts of the checkpoint at once: worth it for layers of at most 1 GiB
 // in float64 (TinyLlama's 0.4 GB: 33 s -> 29 s for the bisect), not beyond
 // (8B's 1.75 GB layers: no faster, and the peak RSS from 3.4 to 6.0 GB).
-std::unique_ptr<compare::ReferenceRunner> RefRunner::with_threads(int threads) const {
+std::unique_ptr<ReferenceRunner> RefRunner::with_threads(int threads) const {
   if (weight_budget(*model_.weights, ComputeDType::Float64) > (int64_t(1) << 30)) return nullptr;
   return std::make_unique<RefRunner>(model_, dir_, threads);
 }
@@ -347,56 +350,21 @@ ModelOracles::ModelOracles(const std::string& model_dir, int threads)
 
 namespace {
 
-// Quantised weights make engines like llama.cpp round each matmul's inputs
-// to the weight type's dot-product type (Q8_K for K-quants, ...). When an
-// undeclared candidate's first local failure is such a matmul, the clean impl
-// making ggml's roundings is run up to that site: if the candidate agrees with
-// it far better than with the reference, the divergence is that design, and
-// the diagnosis says which profile to declare instead of naming no bug.
-void explain_by_ggml_rounding(const ModelOracles& m, const TensorSource& cand, compare::BisectResult& r) {
-  if (r.ok() || r.declare_dtype || r.declare_kv_cache || r.diagnosis.bug || r.diagnosis.basis == "kv-ring") return;
-  const std::optional<std::string> focus = r.first_local_failure();
-  if (!focus) return;
-  bool quantised = false;
-  for (const LayerWeights& L : m.model.weights->layers)
-    for (const WeightView* v : L.views()) quantised = quantised || v->quant != GgmlType::F32;
-  if (!quantised) return;
-  PrecisionProfile p = PrecisionProfile::parse("matmul_input=ggml");
-  if (r.local.ran)
-    for (const compare::LocalSite& s : r.local.sites)
-      if (s.stored_as) p.kv_cache = *s.stored_as == ComputeDType::BFloat16 ? GgmlType::BF16 : GgmlType::F16;
-  try {
-    const ImplHypothesisRunner ggml(m.model, m.threads, p);
-    const std::unique_ptr<MemoryDump> rounded = ggml.run(compare::Hypothesis{}, r.scenario, {*focus});
-    const std::unique_ptr<MemoryDump> plain = m.reference.run(r.scenario, ComputeDType::Float32, {*focus});
-    if (!rounded->has(*focus) || !plain->has(*focus)) return;
-    const TensorData c = cand.get(*focus), g = rounded->get(*focus), f = plain->get(*focus);
-    if (c.is_int || c.shape != g.shape || c.shape != f.shape) return;
-    const std::vector<float> cv = c.floats(), gv = g.floats(), fv = f.floats();
-    const double to_ggml = compare::rmse(cv.data(), gv.data(), c.numel());
-    const double to_plain = compare::rmse(cv.data(), fv.data(), c.numel());
-    if (!(to_plain > 0) || to_ggml > 0.2 * to_plain) return;
-    r.declare_precision = p.json();
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "rmse %.3g against the impl with those roundings, %.3g against the reference",
-                  to_ggml, to_plain);
-    r.diagnosis.needed = true;
-    r.diagnosis.focus = *focus;
-    r.diagnosis.basis = "precision";
-    r.diagnosis.evidence = "no bug: the model's weights are quantised and at " + *focus +
-                           " the candidate computes what an engine rounding each matmul's inputs as ggml does "
-                           "(to the dot-product type of each weight type) computes: " + buf +
-                           ". Declare it in the dump's manifest, \"precision\": " + p.json() +
-                           " (import --precision " + p.str() + "), so that the noise floor's second run rounds the "
-                           "same way, and bisect again to judge the rest";
-  } catch (const Error&) {
-  }
+// A candidate that samples: its sampler against HF's processors applied to
+// its own next_logits (a model bug is not a sampler bug), every sequence.
+std::optional<compare::SamplingCheck> sampling_check(const TensorSource& cand, const BisectOptions& opt) {
+  for (const std::string& n : cand.names())
+    if (n.find(".sample.") != std::string::npos) {
+      compare::SamplingCheck c = compare::check_sampling(cand);
+      if (opt.progress) opt.progress("sampling check");
+      return c;
+    }
+  return std::nullopt;
 }
 
 }  // namespace
 
-compare::BisectResult bisect_candidate(const ModelOracles& m, const TensorSource& cand,
-                                       compare::BisectOptions opt) {
+compare::BisectResult bisect_candidate(const ModelOracles& m, const TensorSource& cand, BisectOptions opt) {
   // Between phases, the heap's free memory goes back to the system: each
   // phase frees a model's worth of activations in pieces under the mmap
   // threshold (cli/main.cpp), which glibc would otherwise keep.
@@ -406,20 +374,30 @@ compare::BisectResult bisect_candidate(const ModelOracles& m, const TensorSource
     if (report) report(what);
   };
   // The candidate's declared roundings: the clean run and the hypothesis
-  // runs make them too.
+  // runs make them too; undeclared, a quantised model's are probed.
   const PrecisionProfile precision = PrecisionProfile::from_manifest(cand.manifest().extra, cand.label());
   std::optional<ImplHypothesisRunner> with_precision;
   if (!precision.empty()) with_precision.emplace(m.model, m.threads, precision);
   const ImplHypothesisRunner& hypotheses = with_precision ? *with_precision : m.hypotheses;
-  compare::BisectResult r = compare::bisect(cand, m.reference, &m.oracle, &hypotheses, opt);
-  if (precision.empty()) explain_by_ggml_rounding(m, cand, r);
+  auto probe = [&](compare::Need need, compare::BisectResult& r) {
+    if (need != compare::Need::Rounding || !precision.empty()) return false;
+    r.evidence.rounding = probe_ggml_rounding(m, cand, r);
+    return true;
+  };
+  compare::BisectResult r = bisect(cand, m.reference, &m.oracle, &hypotheses, opt, probe);
   if (!precision.empty()) r.notes.push_back("precision profile declared by the candidate: " + precision.str() +
                                             " (the clean run makes the same roundings)");
   if (r.model.empty()) r.model = dir_name(m.dir);
+  // The sampler's names belong to the shard ending at the last layer.
+  if (opt.check_sampling && opt.layers.finishes()) r.sampling = sampling_check(cand, opt);
+  if (!opt.source.empty()) {
+    r.quantisation = quantisation_report(m, opt.source, cand);
+    opt.progress("quantisation error against --source");
+  }
   return r;
 }
 
-compare::BatchBisect bisect_batch(const ModelOracles& m, const TensorSource& cand, compare::BisectOptions opt) {
+compare::BatchBisect bisect_batch(const ModelOracles& m, const TensorSource& cand, BisectOptions opt) {
   validate_iterations(cand);
   // The noise floor's second run: the clean engine running the same batch,
   // else (below) the clean impl running each sequence alone.
@@ -430,7 +408,8 @@ compare::BatchBisect bisect_batch(const ModelOracles& m, const TensorSource& can
   std::vector<compare::SequenceBisect> results;
   for (int b : dump_sequences(cand)) {
     const SequenceView view(cand, b);
-    compare::BisectOptions o = opt;
+    BisectOptions o = opt;
+    o.check_sampling = false;  // every sequence's at once, below
     if (opt.progress)
       o.progress = [&opt, b](const std::string& what) { opt.progress("seq" + std::to_string(b) + ": " + what); };
     if (clean) o.clean = std::shared_ptr<const TensorSource>(new SequenceView(*clean, b), [clean](const TensorSource* v) {
@@ -447,7 +426,15 @@ compare::BatchBisect bisect_batch(const ModelOracles& m, const TensorSource& can
   if (results.empty())
     throw UsageError(cand.label() + ": no seq{b}. names: a single-sequence dump (bisect it as it is)");
   compare::BatchBisect b = compare::summarise_batch(cand, std::move(results));
-  if (opt.diagnose) explain_batch_by_replay(m, cand, b);
+  if (b.first && opt.diagnose) {
+    compare::SequenceBisect& first = b.sequences[*b.first];
+    compare::explain(first.result, [&](compare::Need need, compare::BisectResult& r) {
+      if (need != compare::Need::BatchReplay) return false;
+      r.evidence.batch_replay = batch_replay_evidence(m, cand, first);
+      return true;
+    });
+  }
+  if (opt.check_sampling) b.sampling = sampling_check(cand, opt);
   return b;
 }
 
@@ -467,7 +454,7 @@ std::unique_ptr<MemoryDump> run_impl_candidate(const ModelOracles& m, const Scen
 }
 
 compare::BisectResult bisect_impl_candidate(const ModelOracles& m, const MemoryDump& cand, bool bugs_injected,
-                                            compare::BisectOptions opt) {
+                                            BisectOptions opt) {
   if (!bugs_injected) opt.clean = std::shared_ptr<const TensorSource>(&cand, [](const TensorSource*) {});
   return bisect_candidate(m, cand, opt);
 }
@@ -488,7 +475,8 @@ compare::QuantErrorReport quantisation_report(const ModelOracles& m, const std::
   same("num_key_value_heads", a.num_key_value_heads, b.num_key_value_heads);
   same("vocab_size", a.vocab_size, b.vocab_size);
   const Scenario sc = replay_scenario(cand);
-  const std::vector<std::string> wanted = {"step*.layers.*.out", "step*.next_logits"};
+  const std::vector<std::string> wanted = {"step*.layers.*." + std::string(site_name(Site::Out)),
+                                           "step*." + std::string(site_name(Site::NextLogits))};
   RefRunner source_ref(src, source, m.threads);
   const std::unique_ptr<MemoryDump> source_truth = source_ref.run(sc, ComputeDType::Float64, wanted);
   source_truth->set_label("ref float64 on " + source);

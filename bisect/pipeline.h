@@ -5,7 +5,8 @@
 //    decoder graph (ref/graph.h) from that dump's own inputs (teacher
 //    forcing), optionally with the ops changed as a bug hypothesis says;
 //  - ImplHypothesisRunner: the plain C++ impl with one zoo bug switched on.
-// and the pipeline shared by `llmdiff bisect`, `llmdiff run` and the bench.
+// and the pipeline shared by `llmdiff bisect`, `llmdiff run` and the bench
+// (the passes it schedules: bisect/schedule.h).
 #pragma once
 #include <map>
 #include <memory>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "bisect/engines.h"
+#include "bisect/schedule.h"
 #include "compare/batch_report.h"
 #include "compare/noise_floor.h"
 #include "compare/diagnose.h"
@@ -23,7 +25,7 @@
 
 namespace llmdiff::bisect {
 
-class RefRunner : public compare::ReferenceRunner {
+class RefRunner : public ReferenceRunner {
  public:
   RefRunner(const Model& model, std::string model_dir, int threads);
   ~RefRunner() override;
@@ -32,7 +34,7 @@ class RefRunner : public compare::ReferenceRunner {
   std::string describe() const override;
   std::optional<ComputeDType> weights_dtype() const override;
   int threads() const override;
-  std::unique_ptr<compare::ReferenceRunner> with_threads(int threads) const override;
+  std::unique_ptr<ReferenceRunner> with_threads(int threads) const override;
 
  private:
   const Model& model_;
@@ -92,14 +94,18 @@ struct ModelOracles {
   ImplHypothesisRunner hypotheses;
 };
 
-// bisect() of compare/diagnose.h with the model's runners.
-compare::BisectResult bisect_candidate(const ModelOracles& m, const TensorSource& cand,
-                                       compare::BisectOptions opt);
+// bisect() of bisect/schedule.h with the model's runners; the rounding
+// probe of a quantised model (bisect/ggml_rounding.h) gathered when the
+// explainers reach it; the sampler check of a candidate that samples
+// (opt.check_sampling) and the quantisation table of opt.source added.
+compare::BisectResult bisect_candidate(const ModelOracles& m, const TensorSource& cand, BisectOptions opt);
 
 // bisect_candidate() of each sequence of a several-sequence dump
 // (dumps/contract/sequences.h), each against the reference running it alone, ordered
-// and summarised by compare::summarise_batch.
-compare::BatchBisect bisect_batch(const ModelOracles& m, const TensorSource& cand, compare::BisectOptions opt);
+// and summarised by compare::summarise_batch; the first divergent sequence
+// explained again with the batch's evidence (the schedule's replay with each
+// batch bug, bisect/batch_replay.h), every sequence's sampler checked.
+compare::BatchBisect bisect_batch(const ModelOracles& m, const TensorSource& cand, BisectOptions opt);
 
 // `llmdiff run`'s candidate: the impl (with eo.inject's bugs) over `sc`,
 // recording the names matching `record` (full-name globs; empty: every site).
@@ -109,7 +115,7 @@ std::unique_ptr<MemoryDump> run_impl_candidate(const ModelOracles& m, const Scen
 // clean impl run itself (the impl is deterministic for any thread count): the
 // pipeline makes no second one.
 compare::BisectResult bisect_impl_candidate(const ModelOracles& m, const MemoryDump& cand, bool bugs_injected,
-                                            compare::BisectOptions opt);
+                                            BisectOptions opt);
 
 // How much of `cand`'s divergence (a run of m's quantised checkpoint) the
 // quantisation alone explains: the reference in float64 on the

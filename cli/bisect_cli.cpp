@@ -27,13 +27,16 @@ void add_bisect_cli_options(CLI::App& sub, BisectCliOptions& o) {
   sub.add_option("--html", o.html,
                  "also write a self-contained HTML report to this file (verdict, diagnosis, error-growth chart, "
                  "heatmap of the localised tensor's error, sortable tables)");
+  sub.add_option("--junit", o.junit,
+                 "also write JUnit XML to this file (a testcase for the forward pass, per sequence of a batch, and "
+                 "for the sampler; a failure's message is the verdict's headline)");
   sub.add_option("--threads", o.threads, "threads (default: all cores)")->check(CLI::NonNegativeNumber);
   sub.add_flag("--verbose", o.verbose,
                "print each phase as it ends, with the elapsed time, peak memory and disk traffic, on stderr");
 }
 
-compare::BisectOptions bisect_options(const BisectCliOptions& o, const PhaseLog* log) {
-  compare::BisectOptions b;
+bisect::BisectOptions bisect_options(const BisectCliOptions& o, const PhaseLog* log) {
+  bisect::BisectOptions b;
   if (log && log->enabled()) b.progress = [log](const std::string& what) { (*log)(what); };
   b.compare.rtol = o.rtol;
   b.compare.atol = o.atol;
@@ -48,26 +51,20 @@ compare::BisectOptions bisect_options(const BisectCliOptions& o, const PhaseLog*
 namespace {
 
 // What a single-sequence and a batched bisection print alike: `shown`'s
-// Markdown and HTML reports, the JSON or the table with the sampler check
-// beside it, and the exit code, which counts a failing sampler.
-int emit_result(int result_code, const compare::BisectResult& shown, const std::function<nlohmann::json()>& to_json,
+// Markdown and HTML reports, the JUnit XML, the JSON or the table.
+int emit_result(int code, const compare::BisectResult& shown, const std::function<nlohmann::json()>& to_json,
                 const std::function<std::string(const compare::BisectTableOptions&)>& to_table,
-                const BisectCliOptions& o, const compare::SamplingCheck* sampling) {
-  const bool sampler_fails = sampling && sampling->verdict == compare::SamplingCheck::Verdict::Fail;
-  const int code = std::max(result_code, sampler_fails ? 1 : 0);
+                const std::function<std::string()>& to_junit, const BisectCliOptions& o) {
   if (!o.report.empty()) write_file_atomic(o.report, compare::render_bisect_markdown(shown));
   if (!o.html.empty()) write_file_atomic(o.html, compare::render_bisect_html(shown));
+  if (!o.junit.empty()) write_file_atomic(o.junit, to_junit());
   std::string text;
   if (o.json) {
-    nlohmann::json j = to_json();
-    if (sampling) j["sampling"] = compare::sampling_check_to_json(*sampling);
-    j["exit_code"] = code;
-    text = j.dump(2) + "\n";
+    text = to_json().dump(2) + "\n";
   } else {
     compare::BisectTableOptions t;
     t.all = o.all;
     text = to_table(t);
-    if (sampling) text += "\n" + compare::render_sampling_check(*sampling);
   }
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fflush(stdout);
@@ -76,18 +73,19 @@ int emit_result(int result_code, const compare::BisectResult& shown, const std::
 
 }  // namespace
 
-int emit_bisect(const compare::BisectResult& r, const BisectCliOptions& o, const compare::SamplingCheck* sampling) {
+int emit_bisect(const compare::BisectResult& r, const BisectCliOptions& o) {
   return emit_result(
       r.exit_code(), r, [&] { return compare::bisect_to_json(r); },
-      [&](const compare::BisectTableOptions& t) { return compare::render_bisect_table(r, t); }, o, sampling);
+      [&](const compare::BisectTableOptions& t) { return compare::render_bisect_table(r, t); },
+      [&] { return compare::render_bisect_junit(r); }, o);
 }
 
-int emit_batch_bisect(const compare::BatchBisect& b, const BisectCliOptions& o,
-                      const compare::SamplingCheck* sampling) {
+int emit_batch_bisect(const compare::BatchBisect& b, const BisectCliOptions& o) {
   const compare::SequenceBisect* shown = b.first_divergent() ? b.first_divergent() : &b.sequences.front();
   return emit_result(
       b.exit_code(), shown->result, [&] { return compare::batch_to_json(b); },
-      [&](const compare::BisectTableOptions& t) { return compare::render_batch_table(b, t); }, o, sampling);
+      [&](const compare::BisectTableOptions& t) { return compare::render_batch_table(b, t); },
+      [&] { return compare::render_batch_junit(b); }, o);
 }
 
 }  // namespace llmdiff::cli

@@ -7,8 +7,8 @@
 
 #include "bisect/pipeline.h"
 #include "cli/common.h"
-#include "compare/diagnose.h"
-#include "compare/sampling_check.h"
+#include "compare/batch_report.h"
+#include "compare/bisect_result.h"
 
 namespace llmdiff::cli {
 
@@ -21,22 +21,20 @@ struct BisectCliOptions {
   bool json = false, all = false;
   std::string report;               // --report FILE.md
   std::string html;                 // --html FILE.html
+  std::string junit;                // --junit FILE.xml
   int threads = 0;
   bool verbose = false;             // --verbose: phase timings on stderr
 };
 void add_bisect_cli_options(CLI::App& sub, BisectCliOptions& o);
 // `log` (when enabled) receives the pipeline's phases.
-compare::BisectOptions bisect_options(const BisectCliOptions& o, const PhaseLog* log = nullptr);
-// Prints the result (table or JSON), writes the Markdown and HTML reports if
-// asked; returns the exit code (0 within tolerance, 1 divergence).
-// `sampling` (when the candidate samples): its sampler check, printed after
-// the table or added to the JSON as "sampling"; a failing sampler makes the
-// exit code 1.
-int emit_bisect(const compare::BisectResult& r, const BisectCliOptions& o,
-                const compare::SamplingCheck* sampling = nullptr);
-// The same for a several-sequence candidate: the batch table or JSON; the
-// Markdown and HTML reports are the first divergent sequence's (else seq0's).
-int emit_batch_bisect(const compare::BatchBisect& b, const BisectCliOptions& o,
-                      const compare::SamplingCheck* sampling = nullptr);
+bisect::BisectOptions bisect_options(const BisectCliOptions& o, const PhaseLog* log = nullptr);
+// Prints the result (table or JSON), writes the Markdown, HTML and JUnit
+// reports if asked; returns the result's exit code (0 within tolerance and a
+// sampler that passes, 1 otherwise).
+int emit_bisect(const compare::BisectResult& r, const BisectCliOptions& o);
+// The same for a several-sequence candidate: the batch table, JSON and
+// JUnit; the Markdown and HTML reports are the first divergent sequence's
+// (else seq0's).
+int emit_batch_bisect(const compare::BatchBisect& b, const BisectCliOptions& o);
 
 }  // namespace llmdiff::cli

@@ -1,5 +1,5 @@
 // llmdiff bisect --model DIR CANDIDATE [--no-noise-floor] [--no-local]
-//   [--no-diagnose] [--json] [--all] [--report FILE.md] [--html FILE.html] [--sites GLOB,...]
+//   [--no-diagnose] [--json] [--all] [--report FILE.md] [--html FILE.html] [--junit FILE.xml] [--sites GLOB,...]
 //   [--tol GLOB=SPEC]... [--rtol X] [--atol X] [--threads N] [--layers A:B]
 // An external dump (any producer) against the ref: the candidate's own
 // forward calls are replayed through the ref at the candidate's compute dtype
@@ -7,11 +7,6 @@
 // (teacher forcing) and a diagnosis from the bug zoo.
 #include "cli/commands.h"
 #include "cli/bisect_cli.h"
-#include <algorithm>
-#include <optional>
-#include <iostream>
-
-#include "compare/sampling_check.h"
 #include "dumps/base/errors.h"
 #include "dumps/contract/sequences.h"
 
@@ -33,18 +28,8 @@ int run_bisect(const BisectCommandOptions& o) {
   PhaseLog log(o.bisect.verbose);
   bisect::ModelOracles m(o.model, o.bisect.threads);
   log("model loaded");
-  // A candidate that samples: its sampler against HF's processors applied to
-  // its own next_logits (a model bug is not a sampler bug), every sequence.
-  auto sampling_check = [&]() -> std::optional<compare::SamplingCheck> {
-    for (const std::string& n : cand.names())
-      if (n.find(".sample.") != std::string::npos) {
-        compare::SamplingCheck c = compare::check_sampling(cand);
-        log("sampling check");
-        return c;
-      }
-    return std::nullopt;
-  };
-  compare::BisectOptions opt = bisect_options(o.bisect, &log);
+  bisect::BisectOptions opt = bisect_options(o.bisect, &log);
+  opt.source = o.source;
   if (!o.layers.empty()) {
     opt.layers = parse_layer_window(o.layers, int(m.model.config.num_hidden_layers));
     if (!o.source.empty()) throw UsageError("--layers: --source compares every layer; run it without shards");
@@ -53,22 +38,9 @@ int run_bisect(const BisectCommandOptions& o) {
     // Several sequences: each bisected against the reference running it alone.
     if (!o.source.empty()) throw UsageError("--source: a several-sequence candidate is not supported");
     if (!o.layers.empty()) throw UsageError("--layers: bisect a several-sequence candidate whole");
-    const compare::BatchBisect b = bisect::bisect_batch(m, cand, bisect_options(o.bisect, &log));
-    const std::optional<compare::SamplingCheck> sampling = sampling_check();
-    return emit_batch_bisect(b, o.bisect, sampling ? &*sampling : nullptr);
+    return emit_batch_bisect(bisect::bisect_batch(m, cand, opt), o.bisect);
   }
-  compare::BisectResult r = bisect::bisect_candidate(m, cand, opt);
-  // The sampler's names belong to the shard ending at the last layer.
-  const std::optional<compare::SamplingCheck> sampling =
-      opt.layers.finishes() ? sampling_check() : std::optional<compare::SamplingCheck>();
-  const int code = emit_bisect(r, o.bisect, sampling ? &*sampling : nullptr);
-  std::ostream& extra = o.bisect.json ? std::cerr : std::cout;
-  if (!o.source.empty()) {
-    const compare::QuantErrorReport q = bisect::quantisation_report(m, o.source, cand);
-    log("quantisation error against --source");
-    extra << "\n" << compare::render_quant_error(q);
-  }
-  return code;
+  return emit_bisect(bisect::bisect_candidate(m, cand, opt), o.bisect);
 }
 
 }  // namespace

@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <cmath>
 
-#include "compare/diagnose.h"
 #include "compare/paged_kv.h"
 #include "compare/signature_finders.h"
-#include "dumps/zoo/bugs.h"
 #include "dumps/contract/names.h"
+#include "dumps/contract/sites.h"
+#include "dumps/zoo/bugs.h"
 
 namespace llmdiff::compare {
 
@@ -17,9 +17,13 @@ std::string named(zoo::Signature s) { return zoo::bug_with_signature(s).name; }
 
 // Positions of a call that run on in steps of one from k != 0 after the
 // cached ones (not a restart at 0: rope-position-reset's fingerprint).
-void positions_shifted(const TensorSource& cand, const std::vector<int64_t>& past, std::vector<Fingerprint>& out) {
+}  // namespace
+
+void batch_positions_shifted(const FingerprintScene& scene, std::vector<Fingerprint>& out) {
+  const TensorSource& cand = scene.cand;
+  const std::vector<int64_t>& past = scene.past;
   for (int s = 0; s < int(past.size()); ++s) {
-    const std::string name = step_name(s, "positions");
+    const std::string name = step_name(s, Site::Positions);
     if (!cand.has(name)) continue;
     const TensorData p = cand.get(name);
     if (!p.is_int || p.i.empty()) continue;
@@ -41,12 +45,13 @@ void positions_shifted(const TensorSource& cand, const std::vector<int64_t>& pas
 
 // attn.probs [H, T, S]: rows over the sequence's own keys that sum to
 // clearly less than 1 (the softmax also covered keys that are not its own).
-void attention_leak(const TensorSource& cand, const DiffResult& global, std::vector<Fingerprint>& out) {
+void batch_attention_leak(const FingerprintScene& scene, std::vector<Fingerprint>& out) {
+  const TensorSource& cand = scene.cand;
   // A row's sum may miss 1 by its values' rounding: far more in 16 bits.
   const std::string& dtype = cand.manifest().dtype;
   const double tol = dtype == "bfloat16" ? 5e-2 : dtype == "float16" ? 1e-2 : 1e-3;
-  for (const TensorComparison& t : global.tensors) {
-    if (t.pass || parse_name(t.name).site != "attn.probs") continue;
+  for (const TensorComparison& t : scene.global.tensors) {
+    if (t.pass || parse_name(t.name).site != site_name(Site::AttnProbs)) continue;
     const TensorData p = cand.get(t.name);
     if (p.is_int || p.shape.size() != 3 || p.shape[2] == 0) continue;
     const int64_t rows = p.shape[0] * p.shape[1], S = p.shape[2];
@@ -73,8 +78,8 @@ void attention_leak(const TensorSource& cand, const DiffResult& global, std::vec
 
 // The paged cache's bookkeeping: a slot mapping off from the block table, a
 // context read beyond the positions held.
-void paged_bookkeeping(const TensorSource& cand, std::vector<Fingerprint>& out) {
-  for (const PagedKvFinding& f : check_paged_sequence(cand)) {
+void batch_paged_bookkeeping(const FingerprintScene& scene, std::vector<Fingerprint>& out) {
+  for (const PagedKvFinding& f : check_paged_sequence(scene.cand)) {
     if (f.kind == "slot-mapping") {
       out.push_back({named(zoo::Signature::SlotMappingOff), f.text, true});
       return;
@@ -88,13 +93,13 @@ void paged_bookkeeping(const TensorSource& cand, std::vector<Fingerprint>& out) 
 
 // The first failing attn.k_cache [Hkv, S, Dh] of a paged cache: its blocks of
 // B positions are the reference's blocks in another order.
-void blocks_out_of_order(const TensorSource& cand, const TensorSource& ref, const DiffResult& global,
-                         std::vector<Fingerprint>& out) {
+void batch_blocks_out_of_order(const FingerprintScene& scene, std::vector<Fingerprint>& out) {
+  const TensorSource &cand = scene.cand, &ref = scene.ref;
   const KvCacheLayout layout = manifest_kv_cache(cand.manifest(), cand.label());
   if (layout.kind != "paged" || layout.block_size <= 0) return;
   const int64_t B = layout.block_size;
-  for (const TensorComparison& t : global.tensors) {
-    if (t.pass || parse_name(t.name).site != "attn.k_cache") continue;
+  for (const TensorComparison& t : scene.global.tensors) {
+    if (t.pass || parse_name(t.name).site != site_name(Site::AttnKCache)) continue;
     const TensorData a = cand.get(t.name), b = ref.get(t.name);
     if (a.is_int || b.is_int || a.shape != b.shape || a.shape.size() != 3) return;
     const int64_t H = a.shape[0], S = a.shape[1], Dh = a.shape[2], nb = S / B;
@@ -137,16 +142,6 @@ void blocks_out_of_order(const TensorSource& cand, const TensorSource& ref, cons
                    true});
     return;
   }
-}
-
-}  // namespace
-
-void batch_fingerprints(const TensorSource& cand, const TensorSource& ref, const DiffResult& global,
-                        const std::vector<int64_t>& past, std::vector<Fingerprint>& out) {
-  positions_shifted(cand, past, out);
-  attention_leak(cand, global, out);
-  paged_bookkeeping(cand, out);
-  blocks_out_of_order(cand, ref, global, out);
 }
 
 }  // namespace llmdiff::compare

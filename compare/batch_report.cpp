@@ -4,6 +4,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "compare/explain.h"
 #include "compare/paged_kv.h"
 #include "dumps/zoo/bugs.h"
 #include "dumps/contract/names.h"
@@ -28,20 +29,20 @@ std::string seq_list(const std::vector<int>& seqs) {
 // A block in the tables of two live sequences at or before the iteration
 // where the first divergent one goes wrong: the fault is the block's reuse
 // (the zoo's fingerprint BlockShared), whatever that sequence's own
-// diagnosis could say from its values alone.
-void name_block_reuse(SequenceBisect& s, const std::vector<PagedKvFinding>& shared) {
-  Diagnosis& d = s.result.diagnosis;
-  if (d.bug || !s.iteration) return;
+// diagnosis could say from its values alone (compare/explain.h).
+void block_reuse_evidence(SequenceBisect& s, const std::vector<PagedKvFinding>& shared) {
+  if (!s.iteration) return;
   for (const PagedKvFinding& p : shared) {
     if ((p.seq != s.seq && p.other_seq != s.seq) || p.iteration > *s.iteration) continue;
-    const std::string bug = zoo::bug_with_signature(zoo::Signature::BlockShared).name;
-    d.evidence = p.text + "; seq" + std::to_string(s.seq) + " diverges from step " +
-                 std::to_string(s.step.value_or(0)) + " (engine iteration " + std::to_string(*s.iteration) +
-                 "), where another sequence has written into a block it still reads";
-    d.bug = Hypothesis{bug, std::nullopt};
-    d.description = zoo::find_bug(bug)->description;
-    d.basis = "fingerprint";
-    d.fingerprints.push_back({bug, p.text, true});
+    BlockReuse e;
+    e.bug = zoo::bug_with_signature(zoo::Signature::BlockShared).name;
+    e.text = p.text;
+    e.seq = s.seq;
+    e.step = s.step.value_or(0);
+    e.iteration = *s.iteration;
+    s.result.evidence.block_reuse = e;
+    s.result.diagnosis.fingerprints.push_back({e.bug, p.text, true});
+    explain(s.result);
     return;
   }
 }
@@ -51,6 +52,7 @@ void name_block_reuse(SequenceBisect& s, const std::vector<PagedKvFinding>& shar
 int BatchBisect::exit_code() const {
   int code = 0;
   for (const SequenceBisect& s : sequences) code = std::max(code, s.result.exit_code());
+  if (sampling && sampling->verdict == SamplingCheck::Verdict::Fail) code = 1;
   return code;
 }
 
@@ -84,7 +86,7 @@ BatchBisect summarise_batch(const TensorSource& cand, std::vector<SequenceBisect
   }
   const std::vector<PagedKvFinding> shared = check_paged_blocks_shared(cand);
   for (const PagedKvFinding& p : shared) b.notes.push_back("paged KV cache (" + p.kind + "), " + p.text);
-  if (b.first) name_block_reuse(b.sequences[*b.first], shared);
+  if (b.first) block_reuse_evidence(b.sequences[*b.first], shared);
   const SequenceBisect* f = b.first_divergent();
   if (f && f->iteration) {
     for (const auto& [seq, step] : iteration_members(cand, *f->iteration)) {
@@ -102,17 +104,20 @@ std::string render_batch_table(const BatchBisect& b, const BisectTableOptions& o
   std::ostringstream o;
   o << "several sequences in " << b.candidate_label << ": " << b.sequences.size()
     << ", each bisected as its own forward calls against the reference running it alone\n";
-  o << "seq     steps  verdict   first divergence                                step  iteration  localised at\n";
+  o << "seq     steps  verdict   first divergence                                step  iteration  localised at"
+       "  finding\n";
   for (const SequenceBisect& s : b.sequences) {
     const auto first = s.result.first_divergence();
     const auto at = s.result.localised_at();
     char line[512];
-    std::snprintf(line, sizeof line, "seq%-4d %5d  %-8s  %-46s  %4s  %9s  %s\n", s.seq,
+    std::snprintf(line, sizeof line, "seq%-4d %5d  %-8s  %-46s  %4s  %9s  %s", s.seq,
                   int(s.result.scenario.steps.size()), s.result.ok() ? "ok" : "diverges",
                   first ? first->c_str() : "-", s.step ? std::to_string(*s.step).c_str() : "-",
                   s.iteration ? std::to_string(*s.iteration).c_str() : "-",
                   s.result.ok() ? "-" : at.value_or("-").c_str());
     o << line;
+    if (!s.result.ok()) o << "  " << headline(s.result.finding);
+    o << "\n";
   }
   if (const SequenceBisect* f = b.first_divergent()) {
     o << "first divergent sequence: seq" << f->seq;
@@ -139,6 +144,7 @@ std::string render_batch_table(const BatchBisect& b, const BisectTableOptions& o
     if (!show) continue;
     o << "\n== seq" << s.seq << "\n" << render_bisect_table(s.result, opt);
   }
+  if (b.sampling) o << "\n" << render_sampling_check(*b.sampling);
   return o.str();
 }
 
@@ -158,6 +164,7 @@ nlohmann::json batch_to_json(const BatchBisect& b) {
   j["iteration_affected"] = b.iteration_affected;
   j["iteration_unaffected"] = b.iteration_unaffected;
   j["notes"] = b.notes;
+  if (b.sampling) j["sampling"] = sampling_check_to_json(*b.sampling);
   j["exit_code"] = b.exit_code();
   return j;
 }

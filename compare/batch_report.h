@@ -14,7 +14,8 @@
 #include <vector>
 
 #include "compare/bisect_report.h"
-#include "compare/diagnose.h"
+#include "compare/bisect_result.h"
+#include "compare/sampling_check.h"
 #include "dumps/contract/dump.h"
 
 namespace llmdiff::compare {
@@ -37,16 +38,24 @@ struct BatchBisect {
   std::vector<int> iteration_affected, iteration_unaffected;
   // Findings across sequences (a paged cache's block in two live sequences' tables).
   std::vector<std::string> notes;
-  int exit_code() const;  // 0 when every sequence passes, else 1
+  // A candidate that samples: every sequence's sampler on its own logits and
+  // parameters (compare/sampling_check.h); a failing sampler fails the batch.
+  std::optional<SamplingCheck> sampling;
+  int exit_code() const;  // 0 when every sequence passes and the sampler (if checked) too, else 1
   const SequenceBisect* first_divergent() const { return first ? &sequences[*first] : nullptr; }
 };
 
 // Fills step and iteration of each result and the batch verdict; `cand` is
 // the several-sequence dump (its iter* names give the engine order; without
-// them the order is sequence by sequence).
+// them the order is sequence by sequence). A paged block reused while its
+// sequence still reads it is evidence for the first divergent sequence
+// (compare/evidence.h BlockReuse), whose finding is explained again with it.
 BatchBisect summarise_batch(const TensorSource& cand, std::vector<SequenceBisect> sequences);
 
 std::string render_batch_table(const BatchBisect& b, const BisectTableOptions& opt = {});
 nlohmann::json batch_to_json(const BatchBisect& b);
+// JUnit XML: one <testcase> per sequence (and one for the sampler), each
+// failure's message the sequence's headline (compare/bisect_result.h).
+std::string render_batch_junit(const BatchBisect& b);
 
 }  // namespace llmdiff::compare

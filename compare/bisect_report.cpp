@@ -7,7 +7,9 @@
 #include <cmath>
 #include <cstdio>
 
+#include "compare/quant_error.h"
 #include "compare/report.h"
+#include "compare/sampling_check.h"
 
 namespace llmdiff::compare {
 
@@ -133,10 +135,50 @@ json local_site_json(const LocalSite& s) {
 // ---------------------------------------------------------------------------
 // JSON
 
-json bisect_to_json(const BisectResult& r) {
+namespace {
+
+// The `diagnosis` object: the zoo's evidence, and the finding's words in
+// the keys llmdiff.bisect/1 has always had.
+json diagnosis_json(const BisectResult& r) {
   const Diagnosis& d = r.diagnosis;
+  const Finding& f = r.finding;
+  const bool bug = f.kind == FindingKind::ZooBug;
+  const std::optional<std::string> basis = basis_label(f);
+  json dj = {{"needed", f.kind != FindingKind::Passes},
+             {"focus", f.focus.empty() ? json(nullptr) : json(f.focus)},
+             {"bug", bug ? json(f.bug.bug) : json(nullptr)},
+             {"value", bug && f.bug.value ? json(*f.bug.value) : json(nullptr)},
+             {"hypothesis", bug ? json(f.bug.str()) : json(nullptr)},
+             {"description", bug ? json(f.description) : json(nullptr)},
+             {"basis", basis ? json(*basis) : json(nullptr)},
+             {"evidence", explanation(f)},
+             {"ambiguous", bug ? f.ambiguous : std::vector<std::string>{}},
+             {"hypotheses", json::array()},
+             {"fingerprints", json::array()},
+             {"signatures", json::array()},
+             {"inapplicable", json::array()}};
+  for (const auto& e : d.ranked) dj["hypotheses"].push_back(hypothesis_json(e));
+  for (const auto& fp : d.fingerprints)
+    dj["fingerprints"].push_back({{"bug", fp.bug}, {"evidence", fp.evidence}, {"decisive", fp.decisive}});
+  for (const auto& p : d.inapplicable) dj["inapplicable"].push_back({{"bug", p.first}, {"reason", p.second}});
+  for (const auto& g : d.signatures)
+    dj["signatures"].push_back(
+        {{"name", g.name}, {"kind", g.kind}, {"detail", g.detail}, {"fit", g.fit}, {"decisive", g.decisive}});
+  return dj;
+}
+
+// What the finding declares, in the keys llmdiff.bisect/1 has always had.
+json declared(const Finding& f, Declaration d) {
+  if (f.kind != FindingKind::Precision || f.declare != d) return nullptr;
+  return d == Declaration::Profile ? json::parse(f.profile) : json(compute_dtype_name(f.dtype));
+}
+
+}  // namespace
+
+json bisect_to_json(const BisectResult& r) {
   json steps = json::array();
   for (const auto& s : r.scenario.steps) steps.push_back(s.size());
+  const Finding& f = r.finding;
   json j = {{"schema", kBisectSchema},
             {"candidate", r.candidate_label},
             {"model", r.model},
@@ -154,15 +196,17 @@ json bisect_to_json(const BisectResult& r) {
             {"compared", r.global.tensors.size()},
             {"diverging", r.global.failing()},
             {"local", nullptr},
-            {"diagnosis", nullptr},
+            {"finding", finding_to_json(f)},
+            {"headline", headline(r)},
+            {"diagnosis", diagnosis_json(r)},
             {"notes", r.notes},
-            {"declare_dtype", r.declare_dtype ? json(compute_dtype_name(*r.declare_dtype)) : json(nullptr)},
-            {"declare_kv_cache", r.declare_kv_cache ? json(compute_dtype_name(*r.declare_kv_cache)) : json(nullptr)},
-            {"declare_precision", r.declare_precision ? json::parse(*r.declare_precision) : json(nullptr)},
-            {"layout", r.layout ? json{{"kind", finding_kind_name(r.layout->kind)},
-                                       {"rope", r.layout->rope},
-                                       {"summary", r.layout->summary}}
-                                : json(nullptr)},
+            {"declare_dtype", declared(f, Declaration::ComputeDtype)},
+            {"declare_kv_cache", declared(f, Declaration::KvCache)},
+            {"declare_precision", declared(f, Declaration::Profile)},
+            {"layout", f.kind == FindingKind::Layout ? json{{"kind", finding_kind_name(f.layout.kind)},
+                                                            {"rope", f.layout.rope},
+                                                            {"summary", f.layout.summary}}
+                                                      : json(nullptr)},
             {"diff", diff_to_json(r.global)}};
   // A shard (bisect --layers): its layers, [first, end) of num_layers.
   j["layers"] = r.layers.end < 0 ? json(nullptr)  // --layers given (0:L too: a one-shard merge)
@@ -178,27 +222,8 @@ json bisect_to_json(const BisectResult& r) {
                   {"failing_sites", failing},
                   {"not_recomputed", r.local.not_recomputed}};
   }
-  json dj = {{"needed", d.needed},
-             {"focus", d.focus.empty() ? json(nullptr) : json(d.focus)},
-             {"bug", d.bug ? json(d.bug->bug) : json(nullptr)},
-             {"value", d.bug && d.bug->value ? json(*d.bug->value) : json(nullptr)},
-             {"hypothesis", d.bug ? json(d.bug->str()) : json(nullptr)},
-             {"description", d.bug ? json(d.description) : json(nullptr)},
-             {"basis", d.basis.empty() ? json(nullptr) : json(d.basis)},
-             {"evidence", d.evidence},
-             {"ambiguous", d.ambiguous},
-             {"hypotheses", json::array()},
-             {"fingerprints", json::array()},
-             {"signatures", json::array()},
-             {"inapplicable", json::array()}};
-  for (const auto& e : d.ranked) dj["hypotheses"].push_back(hypothesis_json(e));
-  for (const auto& f : d.fingerprints)
-    dj["fingerprints"].push_back({{"bug", f.bug}, {"evidence", f.evidence}, {"decisive", f.decisive}});
-  for (const auto& p : d.inapplicable) dj["inapplicable"].push_back({{"bug", p.first}, {"reason", p.second}});
-  for (const auto& g : d.signatures)
-    dj["signatures"].push_back(
-        {{"name", g.name}, {"kind", g.kind}, {"detail", g.detail}, {"fit", g.fit}, {"decisive", g.decisive}});
-  j["diagnosis"] = dj;
+  if (r.sampling) j["sampling"] = sampling_check_to_json(*r.sampling);
+  if (r.quantisation) j["quantisation"] = quant_error_to_json(*r.quantisation);
   return j;
 }
 
@@ -274,29 +299,14 @@ std::string render_bisect_table(const BisectResult& r, const BisectTableOptions&
     }
   }
 
+  const Finding& f = r.finding;
   o += "\nDiagnosis";
-  if (!d.needed) {
+  if (f.kind == FindingKind::Passes) {
     o += ": nothing to diagnose\n";
   } else {
-    o += " at " + d.focus + ": ";
-    if (d.bug)
-      o += d.bug->str() + " (evidence: " + d.basis + ")\n" +
-           (d.description.empty() ? "" : "  the bug: " + d.description + "\n");
-    else if (r.declare_dtype)
-      o += std::string("precision, not a bug: declare ") + compute_dtype_name(*r.declare_dtype) + "\n";
-    else if (r.declare_kv_cache)
-      o += std::string("precision, not a bug: declare the KV cache as ") + compute_dtype_name(*r.declare_kv_cache) +
-           "\n";
-    else if (r.declare_precision)
-      o += "precision, not a bug: declare \"precision\": " + *r.declare_precision + "\n";
-    else if (d.basis == "kv-ring")
-      o += "a ring KV cache that wrapped, not a bug of the model's ops\n";
-    else if (r.layout)
-      o += std::string("the engine's own layout, not a bug (") + finding_kind_name(r.layout->kind) +
-           (r.layout->rope.empty() ? "" : ", RoPE pairs " + r.layout->rope) + ")\n";
-    else
-      o += "no bug of the zoo fits\n";
-    o += "  " + d.evidence + "\n";
+    o += " at " + f.focus + ": " + headline(f) + "\n";
+    if (f.kind == FindingKind::ZooBug && !f.description.empty()) o += "  the bug: " + f.description + "\n";
+    o += "  " + explanation(f) + "\n";
     if (!d.ranked.empty()) {
       o += "\n  Hypotheses tested (best first" + std::string(opt.all ? "" : ", top " + std::to_string(opt.hypotheses)) +
            " of " + std::to_string(d.ranked.size()) + "):\n";
@@ -336,6 +346,8 @@ std::string render_bisect_table(const BisectResult& r, const BisectTableOptions&
   }
   for (const auto& n : r.notes) o += "note: " + n + "\n";
   for (const auto& n : r.global.notes) o += "note: " + n + "\n";
+  if (r.sampling) o += "\n" + render_sampling_check(*r.sampling);
+  if (r.quantisation) o += "\n" + render_quant_error(*r.quantisation);
   return o;
 }
 
@@ -365,7 +377,7 @@ std::string render_bisect_markdown(const BisectResult& r) {
   o += "| compute dtype | " + std::string(compute_dtype_name(r.dtype)) + " (" + r.dtype_source + ") |\n";
   o += "| reference | " + md_escape(r.reference) + " |\n";
   o += "| criterion | " + md_escape(criterion_text(r)) + " |\n";
-  o += "| result | **" + std::string(r.ok() ? "no divergence" : "divergence") + "** (exit code " +
+  o += "| result | **" + md_escape(headline(r)) + "** (exit code " +
        std::to_string(r.exit_code()) + ") |\n\n";
 
   o += "## Localisation\n\n";
@@ -387,25 +399,15 @@ std::string render_bisect_markdown(const BisectResult& r) {
   o += "- " + std::to_string(r.global.tensors.size()) + " names compared, " + std::to_string(r.global.failing()) +
        " diverge\n\n";
 
+  const Finding& f = r.finding;
   o += "## Diagnosis\n\n";
-  if (!d.needed) {
+  if (f.kind == FindingKind::Passes) {
     o += "Nothing to diagnose.\n\n";
   } else {
-    o += "- Focus: " + code(d.focus) + "\n";
-    o += "- Bug: " + (d.bug ? "**" + code(d.bug->str()) + "** (evidence: " + d.basis + ")"
-                            : r.declare_dtype ? std::string("none: precision, declare ") +
-                                                    code(compute_dtype_name(*r.declare_dtype))
-                            : r.declare_kv_cache ? std::string("none: precision, declare the KV cache as ") +
-                                                       code(compute_dtype_name(*r.declare_kv_cache))
-                            : r.declare_precision ? std::string("none: precision, declare ") +
-                                                        code("\"precision\": " + *r.declare_precision)
-                            : r.layout        ? std::string("none: the engine's own layout (") +
-                                                    finding_kind_name(r.layout->kind) +
-                                                    (r.layout->rope.empty() ? "" : ", " + r.layout->rope) + ")"
-                                              : std::string("none of the zoo fits")) +
-         "\n";
-    if (d.bug && !d.description.empty()) o += "- What it does: " + md_escape(d.description) + "\n";
-    o += "- Evidence: " + md_escape(d.evidence) + "\n\n";
+    o += "- Focus: " + code(f.focus) + "\n";
+    o += "- Finding: **" + md_escape(headline(f)) + "**\n";
+    if (f.kind == FindingKind::ZooBug && !f.description.empty()) o += "- What it does: " + md_escape(f.description) + "\n";
+    o += "- Evidence: " + md_escape(explanation(f)) + "\n\n";
     if (!d.ranked.empty()) {
       o += "| hypothesis | replay agree | diverging agree | focus rmse | local failures (fixed/new) | supported |\n";
       o += "|---|---|---|---|---|---|\n";
@@ -468,6 +470,8 @@ std::string render_bisect_markdown(const BisectResult& r) {
     }
     o += "\n";
   }
+  if (r.sampling) o += "## Sampler\n\n```\n" + render_sampling_check(*r.sampling) + "```\n\n";
+  if (r.quantisation) o += "## Quantisation\n\n```\n" + render_quant_error(*r.quantisation) + "```\n\n";
   if (!r.notes.empty() || !r.global.notes.empty()) {
     o += "## Notes\n\n";
     for (const auto& n : r.notes) o += "- " + md_escape(n) + "\n";

@@ -1,11 +1,13 @@
-// Renderers of bisection results (compare/diagnose.h): a readable table,
-// JSON (schema "llmdiff.bisect/1", documented in compare/README.md) and a
-// Markdown bisection report.
+// Renderers of bisection results (compare/bisect_result.h): a readable
+// table, JSON (schema "llmdiff.bisect/1", documented in compare/README.md),
+// a Markdown bisection report and JUnit XML. Each says the verdict with
+// compare/finding.h's headline() and explanation() (the HTML report,
+// compare/report_html.h, and `merge`, compare/merge.h, too).
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "compare/diagnose.h"
+#include "compare/bisect_result.h"
 
 namespace llmdiff::compare {
 
@@ -19,6 +21,10 @@ std::string render_bisect_table(const BisectResult& r, const BisectTableOptions&
 nlohmann::json bisect_to_json(const BisectResult& r);
 std::string render_bisect_json(const BisectResult& r);  // bisect_to_json, indented, newline-terminated
 std::string render_bisect_markdown(const BisectResult& r);
+// One <testsuite>: a <testcase> for the forward pass (a <failure> whose
+// message is headline(r) when it diverges) and one for the sampler when it
+// was checked; the finding's headline as a property.
+std::string render_bisect_junit(const BisectResult& r);
 
 // One-line texts the renderers share, each with its numbers and thresholds:
 // the criterion, a global divergence ("rmse vs float64 1.2e-01 > threshold

@@ -5,6 +5,8 @@
 #include <tuple>
 
 #include "compare/bisect_report.h"
+#include "compare/bisect_result.h"
+#include "compare/finding.h"
 #include "dumps/base/errors.h"
 #include "dumps/contract/names.h"
 
@@ -67,6 +69,18 @@ json union_of(const std::vector<ShardResult>& parts, const json::json_pointer& a
 
 std::string str_or_empty(const json& j, const char* key) {
   return j.contains(key) && j.at(key).is_string() ? j.at(key).get<std::string>() : "";
+}
+
+// The merged verdict in the words of compare/bisect_result.h's headline(),
+// with the finding read back from the diagnosing shard.
+std::string merged_headline(const json& m) {
+  const json& local = m.at("local");
+  const bool sampler_fails = m.contains("sampling") && m["sampling"].value("verdict", "") == "fail";
+  return verdict_headline(finding_from_json(m.at("finding")), m.at("ok").get<bool>(),
+                          m.at("compared").get<size_t>(), m.value("criterion", "") == "noise-floor",
+                          local.is_object() ? std::optional<size_t>(local.value("recomputed", size_t(0)))
+                                            : std::nullopt,
+                          str_or_empty(m, "localised_at"), sampler_fails);
 }
 
 }  // namespace
@@ -200,13 +214,14 @@ json merge_bisect_shards(std::vector<ShardResult> parts) {
       diagnosing = &p;
       break;
     }
-  for (const char* key : {"diagnosis", "declare_dtype", "declare_kv_cache", "declare_precision", "layout"})
+  for (const char* key : {"finding", "diagnosis", "declare_dtype", "declare_kv_cache", "declare_precision", "layout"})
     m[key] = field(*diagnosing, key);
   m["diagnosed_by"] = diagnosing->file;
   // A sampler's check: the finishing shard's.
   m.erase("sampling");
   for (const ShardResult& p : parts)
     if (p.result.contains("sampling")) m["sampling"] = p.result["sampling"];
+  m["headline"] = merged_headline(m);
   return m;
 }
 
@@ -228,13 +243,12 @@ std::string render_merged_summary(const json& m) {
          " sites fail on their own inputs";
   o += "\n  first divergence      " + text(m.value("first_divergence", json())) + "\n";
   o += "  first local failure   " + text(m.value("first_local_failure", json())) + "\n";
-  const json d = m.value("diagnosis", json::object());
-  if (d.value("needed", false)) {
-    o += "  diagnosis             " + (d.value("bug", json()).is_string() ? text(d.value("hypothesis", json()))
-                                                                            : std::string("no bug of the zoo fits")) +
-         (d.value("basis", json()).is_string() ? " (" + text(d["basis"]) + ")" : std::string()) + ", from " +
-         m.value("diagnosed_by", "") + "\n";
-    if (d.value("evidence", json()).is_string()) o += "  evidence              " + text(d["evidence"]) + "\n";
+  if (m.contains("finding")) {
+    const Finding f = finding_from_json(m.at("finding"));
+    if (f.kind != FindingKind::Passes) {
+      o += "  diagnosis             " + headline(f) + ", from " + m.value("diagnosed_by", "") + "\n";
+      o += "  evidence              " + explanation(f) + "\n";
+    }
   }
   return o;
 }

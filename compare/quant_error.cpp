@@ -5,6 +5,7 @@
 #include <map>
 
 #include "dumps/contract/names.h"
+#include "dumps/contract/sites.h"
 
 namespace llmdiff::compare {
 
@@ -33,8 +34,8 @@ QuantErrorReport quantisation_error(const TensorSource& source_truth, const Tens
   for (const std::string& name : source_truth.names()) {
     const CanonName c = parse_name(name);
     int group;
-    if (c.kind == CanonName::Kind::Layer && c.site == "out") group = c.layer;
-    else if (c.kind == CanonName::Kind::Step && c.site == "next_logits") group = -1;
+    if (c.kind == CanonName::Kind::Layer && c.site == site_name(Site::Out)) group = c.layer;
+    else if (c.kind == CanonName::Kind::Step && c.site == site_name(Site::NextLogits)) group = -1;
     else continue;
     if (!quantised_truth.has(name)) continue;
     const TensorData s = source_truth.get(name), q = quantised_truth.get(name);
@@ -68,7 +69,7 @@ QuantErrorReport quantisation_error(const TensorSource& source_truth, const Tens
   };
   for (const auto& [layer, g] : groups)
     if (layer >= 0) r.rows.push_back(row("layer " + std::to_string(layer), layer, g));
-  if (groups.count(-1)) r.rows.push_back(row("next_logits", -1, groups.at(-1)));
+  if (groups.count(-1)) r.rows.push_back(row(site_name(Site::NextLogits), -1, groups.at(-1)));
   return r;
 }
 
@@ -90,6 +91,19 @@ std::string render_quant_error(const QuantErrorReport& r) {
   s += "  (explained = quantisation / candidate: about 100% when the weights' rounding alone accounts for the "
        "candidate's error)\n";
   return s;
+}
+
+nlohmann::json quant_error_to_json(const QuantErrorReport& r) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const QuantErrorRow& q : r.rows)
+    rows.push_back({{"group", q.group},
+                    {"layer", q.layer},
+                    {"names", q.names},
+                    {"source_rms", q.source_rms},
+                    {"quant_rmse", q.quant_rmse},
+                    {"cand_rmse", q.cand_rmse < 0 ? nlohmann::json(nullptr) : nlohmann::json(q.cand_rmse)},
+                    {"explained", q.cand_rmse <= 0 ? nlohmann::json(nullptr) : nlohmann::json(q.explained())}});
+  return {{"source", r.source}, {"quantised", r.quantised}, {"rows", rows}};
 }
 
 }  // namespace llmdiff::compare

@@ -7,6 +7,7 @@
 // quantisation error = quantised truth vs source truth (what the weights'
 // rounding alone does), candidate error = candidate vs source truth.
 #pragma once
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -38,5 +39,10 @@ QuantErrorReport quantisation_error(const TensorSource& source_truth, const Tens
 
 // A text table, one row per layer and one for the logits.
 std::string render_quant_error(const QuantErrorReport& r);
+// The same as JSON (the "quantisation" field of llmdiff.bisect/1):
+// {"source", "quantised", "rows": [{"group", "layer", "names", "source_rms",
+// "quant_rmse", "cand_rmse" (null: the candidate lacks every name),
+// "explained" (null likewise)}]}.
+nlohmann::json quant_error_to_json(const QuantErrorReport& r);
 
 }  // namespace llmdiff::compare

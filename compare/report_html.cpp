@@ -7,7 +7,9 @@
 
 #include "compare/bisect_report.h"
 #include "compare/html_page.h"
+#include "compare/quant_error.h"
 #include "compare/report.h"
+#include "compare/sampling_check.h"
 
 namespace llmdiff::compare {
 
@@ -62,34 +64,22 @@ std::string list(const std::vector<std::string>& items) {
   return o + "</ul>\n";
 }
 
-std::string headline(const BisectResult& r) {
-  const Diagnosis& d = r.diagnosis;
-  if (r.ok())
-    return "No divergence: " + std::to_string(r.global.tensors.size()) + " names within the " +
-           (r.noise_floor ? "noise floor" : "tolerance") +
-           (r.local.ran ? ", " + std::to_string(r.local.sites.size()) + " local recomputes within the noise" : "");
-  std::string o = "Divergence, localised at " + r.localised_at().value_or("?");
-  if (d.bug) return o + ". Diagnosis: " + d.bug->str() + " (evidence: " + d.basis + ")";
-  if (r.declare_dtype) return o + ". Precision, not a bug: declare " + compute_dtype_name(*r.declare_dtype);
-  if (r.declare_kv_cache)
-    return o + ". Precision, not a bug: declare the KV cache as " + compute_dtype_name(*r.declare_kv_cache);
-  if (r.declare_precision) return o + ". Precision, not a bug: declare \"precision\": " + *r.declare_precision;
-  if (r.layout) return o + ". The engine's own layout, not a bug (" + finding_kind_name(r.layout->kind) + ")";
-  return o + (d.needed && !d.basis.empty() ? ". Diagnosis: " + d.basis : ". No bug of the zoo fits");
-}
-
 std::string diagnosis_section(const BisectResult& r) {
   const Diagnosis& d = r.diagnosis;
+  const Finding& f = r.finding;
   std::string o = "<section id=\"diagnosis\"><h2>Diagnosis</h2>\n";
-  if (!d.needed) return o + "<p>Nothing to diagnose.</p></section>\n";
-  o += "<dl class=\"facts\">\n" + entry("focus", code(d.focus));
-  o += entry("bug", d.bug ? code(d.bug->str()) : "none of the zoo");
-  if (!d.basis.empty()) o += entry("evidence from", esc(d.basis));
-  if (!d.description.empty()) o += entry("what it does", esc(d.description));
-  o += entry("evidence", esc(d.evidence));
-  if (!d.ambiguous.empty()) {
+  if (f.kind == FindingKind::Passes) return o + "<p>Nothing to diagnose.</p></section>\n";
+  o += "<dl class=\"facts\">\n" + entry("focus", code(f.focus));
+  o += entry("finding", "<strong>" + esc(headline(f)) + "</strong>");
+  if (f.kind == FindingKind::ZooBug) {
+    o += entry("bug", code(f.bug.str()));
+    o += entry("evidence from", esc(bug_basis_name(f.basis)));
+    if (!f.description.empty()) o += entry("what it does", esc(f.description));
+  }
+  o += entry("evidence", esc(explanation(f)));
+  if (!f.ambiguous.empty()) {
     std::string a;
-    for (const auto& s : d.ambiguous) a += (a.empty() ? "" : ", ") + code(s);
+    for (const auto& s : f.ambiguous) a += (a.empty() ? "" : ", ") + code(s);
     o += entry("equally supported", a);
   }
   o += "</dl>\n";
@@ -167,7 +157,8 @@ std::string render_bisect_html(const BisectResult& r) {
                   esc(r.model.empty() ? "?" : r.model) + " &middot; scenario " + esc(r.scenario.name) + " (" +
                   std::to_string(r.scenario.steps.size()) + " forward calls) &middot; compute dtype " +
                   esc(compute_dtype_name(r.dtype)) + " (" + esc(r.dtype_source) + ")</p>\n";
-  b += "<div class=\"verdict " + std::string(r.ok() ? "ok" : "bad") + "\" id=\"verdict\">" + esc(headline(r)) + "</div>\n";
+  b += "<div class=\"verdict " + std::string(r.exit_code() == 0 ? "ok" : "bad") + "\" id=\"verdict\">" +
+       esc(headline(r)) + "</div>\n";
   b += "<dl class=\"facts\">\n" + entry("reference", esc(r.reference)) + entry("criterion", esc(bisect_criterion_text(r)));
   if (const TensorComparison* t = r.global.first())
     b += entry("first divergence", code(t->name) + " " + esc(divergence_line(*t)));
@@ -185,6 +176,11 @@ std::string render_bisect_html(const BisectResult& r) {
   b += html::chart_section(r.global, &r.local) + html::heatmap_section(r.heatmap);
   b += hypotheses_section(r.diagnosis) + local_section(r.local);
   b += "<section id=\"diverging\"><h2>Names that diverge</h2>\n" + tensor_table(r.global, false) + "</section>\n";
+  if (r.sampling)
+    b += "<section id=\"sampling\"><h2>Sampler</h2>\n<pre>" + esc(render_sampling_check(*r.sampling)) + "</pre></section>\n";
+  if (r.quantisation)
+    b += "<section id=\"quantisation\"><h2>Quantisation</h2>\n<pre>" + esc(render_quant_error(*r.quantisation)) +
+         "</pre></section>\n";
   std::vector<std::string> notes = r.notes;
   for (const auto& n : r.global.notes) notes.push_back(n);
   for (const auto& [bug, why] : r.diagnosis.inapplicable) notes.push_back("not tested: " + bug + ": " + why);

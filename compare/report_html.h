@@ -7,7 +7,7 @@
 #include <string>
 
 #include "compare/compare.h"
-#include "compare/diagnose.h"
+#include "compare/bisect_result.h"
 
 namespace llmdiff::compare {
 

@@ -34,7 +34,7 @@
 namespace fs = std::filesystem;
 using namespace llmdiff;
 using namespace llmdiff::testing;
-using compare::BisectOptions;
+using bisect::BisectOptions;
 using compare::BisectResult;
 
 namespace {
@@ -133,7 +133,8 @@ Expected expected_divergence(const std::string& bug, const ModelConfig& cfg) {
 std::string describe(const BisectResult& r) {
   return "first divergence " + r.first_divergence().value_or("none") + ", first local failure " +
          r.first_local_failure().value_or("none") + ", diagnosis " +
-         (r.diagnosis.bug ? r.diagnosis.bug->str() : std::string("none")) + ": " + r.diagnosis.evidence;
+         (compare::named_bug(r.finding) ? compare::named_bug(r.finding)->str() : std::string("none")) + ": " +
+         r.finding.evidence;
 }
 
 // ---------------------------------------------------------------------------
@@ -164,15 +165,15 @@ void check_diagnosis(const BisectResult& r, const bisect::ModelOracles& m, const
   EXPECT_EQ(r.first_divergence().value_or("none"), expected_first);
   // Localised at the op that causes it: its local error fails first.
   EXPECT_EQ(r.first_local_failure().value_or("none"), expected_first);
-  ASSERT_TRUE(r.diagnosis.bug.has_value());
-  EXPECT_EQ(r.diagnosis.bug->bug, bug);
-  EXPECT_TRUE(r.diagnosis.ambiguous.empty());
-  EXPECT_FALSE(r.diagnosis.evidence.empty());
+  ASSERT_TRUE(compare::named_bug(r.finding).has_value());
+  EXPECT_EQ(compare::named_bug(r.finding)->bug, bug);
+  EXPECT_TRUE(r.finding.ambiguous.empty());
+  EXPECT_FALSE(r.finding.evidence.empty());
   zoo::BugSpec spec = zoo::parse_bug(bug);
   if (zoo::bug_takes_value(spec.bug)) {
-    ASSERT_TRUE(r.diagnosis.bug->value.has_value());
-    EXPECT_DOUBLE_EQ(*r.diagnosis.bug->value, zoo::bug_value(spec, m.model.config));
-    EXPECT_NE(r.diagnosis.evidence.find("config says"), std::string::npos);
+    ASSERT_TRUE(compare::named_bug(r.finding)->value.has_value());
+    EXPECT_DOUBLE_EQ(*compare::named_bug(r.finding)->value, zoo::bug_value(spec, m.model.config));
+    EXPECT_NE(r.finding.evidence.find("config says"), std::string::npos);
   }
 }
 
@@ -209,7 +210,7 @@ TEST(BisectAbsorbedMla, AnAbsorbedCandidateIsJudgedFromTheNamesItHas) {
     SCOPED_TRACE(scenario + ": " + describe(r));
     EXPECT_EQ(r.exit_code(), 0);
     EXPECT_EQ(r.local.failing(), 0u);
-    EXPECT_FALSE(r.diagnosis.bug);
+    EXPECT_FALSE(compare::named_bug(r.finding));
     // scores and ctx were recomputed, not skipped.
     int recomputed = 0;
     for (const auto& site : r.local.sites)
@@ -224,8 +225,8 @@ TEST(BisectAbsorbedMla, AnAbsorbedCandidateIsJudgedFromTheNamesItHas) {
     std::string want = expected_divergence(bug, m.model.config).full;
     if (!cand->has(want)) want = "step0.layers.0.attn.scores";  // k_rope: not observable in the absorbed form
     EXPECT_EQ(r.first_local_failure().value_or("none"), want);
-    ASSERT_TRUE(r.diagnosis.bug);
-    EXPECT_EQ(r.diagnosis.bug->bug, bug);
+    ASSERT_TRUE(compare::named_bug(r.finding));
+    EXPECT_EQ(compare::named_bug(r.finding)->bug, bug);
   }
 }
 
@@ -292,15 +293,15 @@ TEST(BisectLayout, AnEnginesOwnRopeLayoutIsTheFindingNotABug) {
   BisectResult r = bisect::bisect_candidate(m, permuted, BisectOptions{});
   SCOPED_TRACE(describe(r));
   EXPECT_EQ(r.exit_code(), 1);
-  EXPECT_FALSE(r.diagnosis.bug);
-  ASSERT_TRUE(r.layout.has_value());
-  EXPECT_EQ(r.layout->rope, "interleaved->half");
-  EXPECT_EQ(r.diagnosis.basis, "layout");
-  EXPECT_NE(r.diagnosis.evidence.find("engine's own layout"), std::string::npos);
+  EXPECT_FALSE(compare::named_bug(r.finding));
+  ASSERT_EQ(r.finding.kind, compare::FindingKind::Layout);
+  EXPECT_EQ(r.finding.layout.rope, "interleaved->half");
+  EXPECT_EQ(compare::basis_label(r.finding).value_or(""), "layout");
+  EXPECT_NE(r.finding.evidence.find("engine's own layout"), std::string::npos);
   // A real bug is not explained away: rope-interleaved changes the scores too.
   BisectResult bug = bisect::bisect_candidate(m, *impl_candidate(m, golden_scenario("llama-gqa"), {"rope-interleaved"}),
                                               BisectOptions{});
-  EXPECT_FALSE(bug.layout.has_value());
+  EXPECT_NE(bug.finding.kind, compare::FindingKind::Layout);
 }
 
 // Bugs outside the zoo, made by transforming HF's own dump at one name, on
@@ -447,14 +448,15 @@ TEST_P(BisectSignatures, ErrorsOutsideTheZooGetTheirSignature) {
     SCOPED_TRACE(describe(r));
     EXPECT_EQ(r.exit_code(), 1);
     EXPECT_EQ(r.localised_at().value_or(""), c.name);
-    EXPECT_FALSE(r.diagnosis.bug);
+    EXPECT_FALSE(compare::named_bug(r.finding));
     const compare::ErrorSignature* hit = nullptr;
     for (const auto& g : r.diagnosis.signatures)
       if (g.name == c.name && g.kind == c.kind && g.detail.find(c.detail) != std::string::npos) hit = &g;
     ASSERT_TRUE(hit != nullptr);
     if (c.headline) {
       EXPECT_TRUE(hit->decisive);
-      EXPECT_TRUE(r.diagnosis.basis == "signature" || r.diagnosis.basis == "layout") << r.diagnosis.basis;
+      EXPECT_TRUE(r.finding.kind == compare::FindingKind::Signature || r.finding.kind == compare::FindingKind::Layout)
+          << compare::kind_name(r.finding.kind);
     }
     // Reported in every format.
     const nlohmann::json j = nlohmann::json::parse(compare::render_bisect_json(r));
@@ -489,8 +491,8 @@ TEST(BisectFingerprints, KvOverwriteAndMaskSquareAreToldApart) {
       for (const MemoryDump* cand : {full.get(), cut.get()}) {
         BisectResult r = bisect::bisect_candidate(m, *cand, BisectOptions{});
         SCOPED_TRACE(scenario + " " + cand->label() + ": " + describe(r));
-        ASSERT_TRUE(r.diagnosis.bug.has_value());
-        EXPECT_EQ(r.diagnosis.bug->bug, bug);
+        ASSERT_TRUE(compare::named_bug(r.finding).has_value());
+        EXPECT_EQ(compare::named_bug(r.finding)->bug, bug);
         for (const compare::Fingerprint& f : r.diagnosis.fingerprints)
           EXPECT_FALSE(f.bug == other && f.decisive) << f.evidence;
         if (cand == full.get()) {
@@ -516,11 +518,12 @@ TEST(BisectPrecision, ABfloat16RunDeclaredFloat32IsToldWhichDtypeToDeclare) {
   BisectResult r = bisect::bisect_candidate(m, declared, BisectOptions{});
   SCOPED_TRACE(describe(r));
   EXPECT_EQ(r.exit_code(), 1);
-  ASSERT_TRUE(r.declare_dtype.has_value());
-  EXPECT_EQ(*r.declare_dtype, ComputeDType::BFloat16);
-  EXPECT_FALSE(r.diagnosis.bug);
-  EXPECT_EQ(r.diagnosis.basis, "precision");
-  EXPECT_NE(r.diagnosis.evidence.find("\"dtype\": \"bfloat16\""), std::string::npos);
+  ASSERT_EQ(r.finding.kind, compare::FindingKind::Precision);
+  ASSERT_EQ(r.finding.declare, compare::Declaration::ComputeDtype);
+  EXPECT_EQ(r.finding.dtype, ComputeDType::BFloat16);
+  EXPECT_FALSE(compare::named_bug(r.finding));
+  EXPECT_EQ(compare::basis_label(r.finding).value_or(""), "precision");
+  EXPECT_NE(r.finding.evidence.find("\"dtype\": \"bfloat16\""), std::string::npos);
   EXPECT_EQ(bisect::bisect_candidate(m, golden, BisectOptions{}).exit_code(), 0);
 }
 
@@ -546,8 +549,8 @@ TEST_P(BisectClean, CleanImplDumpsPassTheNoiseFloor) {
       EXPECT_TRUE(r.local.ran);
       EXPECT_GE(r.local.sites.size(), 4u);
       for (const auto& n : r.local.not_recomputed) EXPECT_EQ(parse_name(n).site, "tokens") << n;
-      EXPECT_FALSE(r.diagnosis.needed);
-      EXPECT_FALSE(r.diagnosis.bug);
+      EXPECT_EQ(r.finding.kind, compare::FindingKind::Passes);
+      EXPECT_FALSE(compare::named_bug(r.finding));
     }
   }
 }
@@ -706,7 +709,7 @@ TEST_P(BisectClean, PassesRunBesideEachOtherFindWhatTheyFindOneAfterTheOther) {
   const Scenario sc = golden_scenario(model);
   std::unique_ptr<MemoryDump> bugged = impl_candidate(one, sc, {rope_bug(one.model.config)});
   std::vector<std::string> phases;
-  compare::BisectOptions o;
+  bisect::BisectOptions o;
   const BisectResult a = bisect::bisect_candidate(one, *bugged, o);
   o.progress = [&](const std::string& p) { phases.push_back(p); };
   const BisectResult b = bisect::bisect_candidate(two, *bugged, o);
@@ -721,8 +724,8 @@ TEST_P(BisectClean, PassesRunBesideEachOtherFindWhatTheyFindOneAfterTheOther) {
   EXPECT_EQ(a.first_divergence(), b.first_divergence());
   EXPECT_EQ(a.first_local_failure(), b.first_local_failure());
   EXPECT_EQ(a.localised_at(), b.localised_at());
-  ASSERT_TRUE(a.diagnosis.bug && b.diagnosis.bug) << describe(a) << "\n" << describe(b);
-  EXPECT_EQ(a.diagnosis.bug->str(), b.diagnosis.bug->str());
+  ASSERT_TRUE(compare::named_bug(a.finding) && compare::named_bug(b.finding)) << describe(a) << "\n" << describe(b);
+  EXPECT_EQ(compare::named_bug(a.finding)->str(), compare::named_bug(b.finding)->str());
   EXPECT_EQ(a.global.failing(), b.global.failing());
   EXPECT_EQ(a.local.failing(), b.local.failing());
   EXPECT_EQ(a.second_noise, b.second_noise);
@@ -965,8 +968,8 @@ TEST(BisectSyntheticMoe, MscaleAndGatedSharedExpertBugsAreNamed) {
     BisectResult r = bisect::bisect_candidate(m, *full, BisectOptions{});
     SCOPED_TRACE(describe(r));
     EXPECT_EQ(r.first_local_failure().value_or("none"), c.first);
-    ASSERT_TRUE(r.diagnosis.bug);
-    EXPECT_EQ(r.diagnosis.bug->bug, c.bug);
+    ASSERT_TRUE(compare::named_bug(r.finding));
+    EXPECT_EQ(compare::named_bug(r.finding)->bug, c.bug);
   }
 }
 
@@ -1021,19 +1024,19 @@ TEST(BisectParameters, ThetaIsFittedFromInvFreqAndEpsSearchedInCutDownDumps) {
     std::unique_ptr<MemoryDump> full = impl_candidate(m, golden_scenario("llama-gqa"), {"rope-theta=12345"});
     BisectResult r = bisect::bisect_candidate(m, *full, BisectOptions{});
     SCOPED_TRACE(describe(r));
-    ASSERT_TRUE(r.diagnosis.bug);
-    EXPECT_EQ(r.diagnosis.bug->str(), "rope-theta=12345");
-    EXPECT_NE(r.diagnosis.evidence.find("rope.inv_freq fits theta = 12345"), std::string::npos);
+    ASSERT_TRUE(compare::named_bug(r.finding));
+    EXPECT_EQ(compare::named_bug(r.finding)->str(), "rope-theta=12345");
+    EXPECT_NE(r.finding.evidence.find("rope.inv_freq fits theta = 12345"), std::string::npos);
   }
   {
     const bisect::ModelOracles& m = oracles("qwen3-qknorm");
     std::unique_ptr<MemoryDump> full = impl_candidate(m, golden_scenario("qwen3-qknorm"), {"rmsnorm-eps=2.5e-5"});
     BisectResult r = bisect::bisect_candidate(m, *cut_down(*full), BisectOptions{});
     SCOPED_TRACE(describe(r));
-    ASSERT_TRUE(r.diagnosis.bug);
-    EXPECT_EQ(r.diagnosis.bug->bug, "rmsnorm-eps");
-    ASSERT_TRUE(r.diagnosis.bug->value);
-    EXPECT_NEAR(*r.diagnosis.bug->value, 2.5e-5, 1e-7);
+    ASSERT_TRUE(compare::named_bug(r.finding));
+    EXPECT_EQ(compare::named_bug(r.finding)->bug, "rmsnorm-eps");
+    ASSERT_TRUE(compare::named_bug(r.finding)->value);
+    EXPECT_NEAR(*compare::named_bug(r.finding)->value, 2.5e-5, 1e-7);
   }
 }
 
@@ -1073,8 +1076,8 @@ TEST(BisectExternalNumerics, BugsAreDiagnosedInDumpsThatAreNotBitExactWithTheImp
       SCOPED_TRACE(bug + " " + cand->label() + ": " + describe(r));
       const Expected want = expected_divergence(bug, m.model.config);
       EXPECT_EQ(r.localised_at().value_or(""), cand == full.get() ? want.full : want.cut);
-      ASSERT_TRUE(r.diagnosis.bug);
-      EXPECT_EQ(r.diagnosis.bug->bug, bug);
+      ASSERT_TRUE(compare::named_bug(r.finding));
+      EXPECT_EQ(compare::named_bug(r.finding)->bug, bug);
     }
   }
 }
@@ -1094,9 +1097,9 @@ TEST(BisectUnknownBug, ACorruptionOutsideTheZooIsLocalisedButNotNamed) {
   // out = attn_residual + down is locally wrong too (it no longer adds up).
   ASSERT_NE(r.local.find("step0.layers.1.out"), nullptr);
   EXPECT_FALSE(r.local.find("step0.layers.1.out")->pass);
-  EXPECT_FALSE(r.diagnosis.bug.has_value());
-  EXPECT_NE(r.diagnosis.evidence.find("no hypothesis of the bug zoo fits"), std::string::npos);
-  EXPECT_NE(r.diagnosis.evidence.find("rmse"), std::string::npos);  // the numbers are shown
+  EXPECT_FALSE(compare::named_bug(r.finding).has_value());
+  EXPECT_NE(r.finding.evidence.find("no hypothesis of the bug zoo fits"), std::string::npos);
+  EXPECT_NE(r.finding.evidence.find("rmse"), std::string::npos);  // the numbers are shown
 }
 
 // ---------------------------------------------------------------------------
@@ -1123,9 +1126,9 @@ TEST(BisectCommands, RunWithAnInjectedBugPrintsTheDiagnosis) {
   EXPECT_EQ(t.out.find("peak"), std::string::npos) << "phase lines belong on stderr";
   EXPECT_NE(t.out.find("Diagnosis at step0.layers.0.attn.q_rope: rope-interleaved"), std::string::npos) << t.out;
 
-  const std::string report = temp_path("bisect-report.md");
+  const std::string report = temp_path("bisect-report.md"), junit = temp_path("bisect-report.xml");
   CliRun j = run_cli({"run", "--model", model, "--replay", replay, "--inject", "rope-interleaved", "--threads", "1",
-                      "--json", "--report", report});
+                      "--json", "--report", report, "--junit", junit});
   ASSERT_EQ(j.code, 1) << j.error;
   nlohmann::json doc = nlohmann::json::parse(j.out);
   EXPECT_EQ(doc["schema"], "llmdiff.bisect/1");
@@ -1137,9 +1140,16 @@ TEST(BisectCommands, RunWithAnInjectedBugPrintsTheDiagnosis) {
   EXPECT_EQ(doc["criterion"], "noise-floor");
   EXPECT_EQ(doc["noise_second_run"], "impl");
   EXPECT_EQ(doc["exit_code"], 1);
+  EXPECT_EQ(doc["finding"]["kind"], "zoo-bug");
+  EXPECT_EQ(doc["finding"]["headline"],
+            "rope-interleaved (evidence: " + doc["diagnosis"]["basis"].get<std::string>() + ")");
+  EXPECT_EQ(doc["headline"], "Divergence, localised at step0.layers.0.attn.q_rope. Diagnosis: " +
+                                 doc["finding"]["headline"].get<std::string>());
   std::string md = read_text(report);
   EXPECT_NE(md.find("# llmdiff bisection report"), std::string::npos);
   EXPECT_NE(md.find("`rope-interleaved`"), std::string::npos);
+  const std::string xml = read_text(junit);
+  EXPECT_NE(xml.find("<failure message=\"" + doc["headline"].get<std::string>() + "\""), std::string::npos) << xml;
   for (const auto& e : fs::directory_iterator(fs::path(report).parent_path()))
     EXPECT_EQ(e.path().filename().string().find("bisect-report.md.tmp"), std::string::npos) << "temporary left behind";
 }

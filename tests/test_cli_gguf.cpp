@@ -256,6 +256,16 @@ TEST(CliGguf, QuantisationErrorAgainstTheSource) {
     EXPECT_GE(explained, 95) << line;
     EXPECT_LE(explained, 105) << line;
   }
+  // The table is part of the result: in the JSON too, nothing on stderr.
+  const auto j = run_cli({"bisect", "--model", model, "--source", source, clean, "--json"});
+  EXPECT_EQ(j.code, 0) << j.error;
+  const nlohmann::json doc = nlohmann::json::parse(j.out);
+  ASSERT_TRUE(doc.contains("quantisation")) << j.out.substr(0, 2000);
+  const nlohmann::json& rows = doc["quantisation"]["rows"];
+  ASSERT_FALSE(rows.empty());
+  EXPECT_EQ(rows.back()["group"], "next_logits");
+  for (const auto& row : rows) EXPECT_NEAR(row["explained"].get<double>(), 1.0, 0.05) << row.dump();
+  EXPECT_EQ(j.error.find("Quantisation error"), std::string::npos) << j.error;
   // A bug adds error the quantisation does not explain.
   const std::string bug = impl_dump(model, temp_path("q4k-src-bug") + ".st", {"--inject", "rope-interleaved"});
   const auto b = run_cli({"bisect", "--model", model, "--source", source, "--no-diagnose", bug});

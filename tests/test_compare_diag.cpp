@@ -1,7 +1,7 @@
 // compare/ bisection pieces on synthetic data: the noise-floor criterion
 // (honest rounding passes, an RMSNorm-eps-sized systematic error fails),
-// local-error judgement, fingerprints, the diagnosis' use of hypothesis
-// runs, the bisect pipeline with in-memory runners, and the renderers.
+// local-error judgement, fingerprints (the pipeline with in-memory runners:
+// tests/test_bisect_pipeline.cpp).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,11 +15,15 @@
 #include "compare/noise_floor.h"
 #include "dumps/base/errors.h"
 #include "tests/test_compare_helpers.h"
+#include "tests/test_diag_toys.h"
 
 using namespace llmdiff;
 using namespace llmdiff::compare;
 using llmdiff::testing::float_tensor;
+using llmdiff::testing::fired;
 using llmdiff::testing::int_tensor;
+using llmdiff::testing::toy_dump;
+using llmdiff::testing::toy_scenario;
 
 namespace {
 
@@ -413,79 +417,6 @@ TEST(LocalError, HypothesisSpelling) {
 // ---------------------------------------------------------------------------
 // Fingerprints and diagnosis with in-memory runners
 
-namespace {
-
-// Two steps (T = 3 then 1) of a toy dump: positions, mask, k_cache, final_norm, logits.
-std::shared_ptr<MemoryDump> toy_dump(bool reset_positions, bool square_mask, bool overwrite_cache, float logits_scale) {
-  auto d = std::make_shared<MemoryDump>("toy");
-  d->mutable_manifest().dtype = "float32";
-  d->mutable_manifest().scenario = "decode";
-  d->put(int_tensor("step0.tokens", {3}, {5, 6, 7}));
-  d->put(int_tensor("step1.tokens", {1}, {8}));
-  d->put(int_tensor("step0.positions", {3}, {0, 1, 2}));
-  d->put(int_tensor("step1.positions", {1}, {reset_positions ? 0 : 3}));
-  d->put(float_tensor("step0.mask", {3, 3}, {1, 0, 0, 1, 1, 0, 1, 1, 1}));
-  d->put(float_tensor("step1.mask", {1, 4}, square_mask ? std::vector<float>{1, 0, 0, 0} : std::vector<float>{1, 1, 1, 1}));
-  const int64_t S1 = overwrite_cache ? 1 : 4;
-  d->put(float_tensor("step0.layers.0.attn.k_cache", {1, 3, 2}, {1, 2, 3, 4, 5, 6}));
-  d->put(float_tensor("step1.layers.0.attn.k_cache", {1, S1, 2}, std::vector<float>(size_t(2 * S1), 1.0f)));
-  for (int s = 0; s < 2; ++s) {
-    const int64_t T = s == 0 ? 3 : 1;
-    std::vector<float> fn(size_t(T * 2)), lg(size_t(T * 3));
-    for (size_t i = 0; i < fn.size(); ++i) fn[i] = float(i) * 0.5f + 1.0f;
-    for (size_t i = 0; i < lg.size(); ++i) lg[i] = logits_scale * (float(i % 3) - 1.0f + 0.25f * float(i / 3));
-    d->put(float_tensor(step_name(s, "final_norm"), {T, 2}, fn));
-    d->put(float_tensor(step_name(s, "logits"), {T, 3}, lg));
-  }
-  return d;
-}
-
-Scenario toy_scenario() {
-  Scenario sc;
-  sc.name = "decode";
-  sc.steps = {{5, 6, 7}, {8}};
-  return sc;
-}
-
-bool fired(const std::vector<Fingerprint>& fps, const std::string& bug) {
-  for (const auto& f : fps)
-    if (f.bug == bug && f.decisive) return true;
-  return false;
-}
-
-// A runner that "runs" each hypothesis by returning a stored dump.
-class TableRunner : public HypothesisRunner {
- public:
-  std::map<std::string, std::shared_ptr<MemoryDump>> runs;  // hypothesis str -> dump ("" = clean)
-  std::vector<Hypothesis> hypotheses() const override {
-    std::vector<Hypothesis> out;
-    for (const auto& kv : runs)
-      if (!kv.first.empty()) out.push_back(Hypothesis{kv.first, std::nullopt});
-    return out;
-  }
-  std::vector<std::pair<std::string, std::string>> inapplicable() const override {
-    return {{"missing-bias", "no biases"}};
-  }
-  std::unique_ptr<MemoryDump> run(const Hypothesis& h, const Scenario&, const std::vector<std::string>&) const override {
-    auto it = runs.find(h.str());
-    if (it == runs.end()) throw UsageError("no such run");
-    return std::make_unique<MemoryDump>(*it->second);
-  }
-  std::optional<double> configured(const std::string&) const override { return std::nullopt; }
-};
-
-// A reference runner returning stored dumps per dtype.
-class TableReference : public ReferenceRunner {
- public:
-  std::map<ComputeDType, std::shared_ptr<MemoryDump>> runs;
-  std::unique_ptr<MemoryDump> run(const Scenario&, ComputeDType d, const std::vector<std::string>&) const override {
-    return std::make_unique<MemoryDump>(*runs.at(d));
-  }
-  std::string describe() const override { return "table reference"; }
-};
-
-}  // namespace
-
 TEST(Fingerprints, StructuralPatternsAreRecognised) {
   auto ref = toy_dump(false, false, false, 1.0f);
   Scenario sc = toy_scenario();
@@ -528,88 +459,6 @@ TEST(Fingerprints, StructuralPatternsAreRecognised) {
     DiffResult g = compare_dumps(*ref, *same);
     EXPECT_TRUE(fingerprints(*same, *ref, g, sc).empty());
   }
-}
-
-TEST(Diagnose, ThePipelineNamesTheHypothesisWhoseRunReproducesTheCandidate) {
-  auto ref = toy_dump(false, false, false, 1.0f);
-  auto cand = toy_dump(true, false, false, 1.0f);   // positions restart at 0
-  auto other = toy_dump(false, true, false, 1.0f);  // a different bug's run
-  TableReference reference;
-  reference.runs[ComputeDType::Float32] = ref;
-  reference.runs[ComputeDType::Float64] = ref;
-  TableRunner runner;
-  runner.runs[""] = ref;
-  runner.runs["rope-position-reset"] = cand;
-  runner.runs["mask-square"] = other;
-  BisectOptions opt;
-  BisectResult r = bisect(*cand, reference, nullptr, &runner, opt);
-  EXPECT_FALSE(r.ok());
-  EXPECT_EQ(r.exit_code(), 1);
-  EXPECT_EQ(r.first_divergence().value_or(""), "step1.positions");
-  EXPECT_FALSE(r.first_local_failure());  // no oracle: no local errors
-  EXPECT_EQ(r.localised_at().value_or(""), "step1.positions");
-  ASSERT_TRUE(r.diagnosis.bug);
-  EXPECT_EQ(r.diagnosis.bug->bug, "rope-position-reset");
-  EXPECT_EQ(r.diagnosis.basis, "replay");
-  EXPECT_NE(r.diagnosis.evidence.find("reproduces the candidate"), std::string::npos);
-  ASSERT_EQ(r.diagnosis.ranked.size(), 2u);
-  EXPECT_TRUE(r.diagnosis.ranked[0].supported_by_replay);
-  EXPECT_FALSE(r.diagnosis.ranked[1].supported());
-  EXPECT_EQ(r.diagnosis.inapplicable.size(), 1u);
-
-  // Renderings carry the same conclusions.
-  nlohmann::json j = bisect_to_json(r);
-  EXPECT_EQ(j["schema"], kBisectSchema);
-  EXPECT_EQ(j["first_divergence"], "step1.positions");
-  EXPECT_TRUE(j["first_local_failure"].is_null());
-  EXPECT_EQ(j["diagnosis"]["bug"], "rope-position-reset");
-  EXPECT_FALSE(j["diagnosis"]["evidence"].get<std::string>().empty());
-  EXPECT_EQ(j["exit_code"], 1);
-  EXPECT_EQ(j["diagnosis"]["hypotheses"].size(), 2u);
-  std::string table = render_bisect_table(r);
-  EXPECT_NE(table.find("first divergence      step1.positions"), std::string::npos);
-  EXPECT_NE(table.find("rope-position-reset (evidence: replay)"), std::string::npos);
-  std::string md = render_bisect_markdown(r);
-  EXPECT_NE(md.find("# llmdiff bisection report"), std::string::npos);
-  EXPECT_NE(md.find("**Localised at `step1.positions`**"), std::string::npos);
-}
-
-TEST(Diagnose, WhenNothingFitsTheBugIsNullAndTheNumbersAreShown) {
-  auto ref = toy_dump(false, false, false, 1.0f);
-  auto cand = toy_dump(false, false, false, 1.0f);
-  cand->put(float_tensor("step0.final_norm", {3, 2}, {9, 9, 9, 9, 9, 9}));  // no hypothesis makes this
-  TableReference reference;
-  reference.runs[ComputeDType::Float32] = ref;
-  reference.runs[ComputeDType::Float64] = ref;
-  TableRunner runner;
-  runner.runs[""] = ref;
-  runner.runs["mask-square"] = toy_dump(false, true, false, 1.0f);
-  BisectResult r = bisect(*cand, reference, nullptr, &runner, BisectOptions{});
-  EXPECT_EQ(r.first_divergence().value_or(""), "step0.final_norm");
-  EXPECT_FALSE(r.diagnosis.bug);
-  EXPECT_NE(r.diagnosis.evidence.find("no hypothesis of the bug zoo fits"), std::string::npos);
-  EXPECT_NE(r.diagnosis.evidence.find("replay with mask-square"), std::string::npos);
-  nlohmann::json j = bisect_to_json(r);
-  EXPECT_TRUE(j["diagnosis"]["bug"].is_null());
-  EXPECT_EQ(j["first_divergence"], "step0.final_norm");
-}
-
-TEST(Diagnose, AnIdenticalCandidateNeedsNoDiagnosis) {
-  auto ref = toy_dump(false, false, false, 1.0f);
-  TableReference reference;
-  reference.runs[ComputeDType::Float32] = ref;
-  reference.runs[ComputeDType::Float64] = ref;
-  TableRunner runner;
-  runner.runs[""] = ref;
-  BisectResult r = bisect(*toy_dump(false, false, false, 1.0f), reference, nullptr, &runner, BisectOptions{});
-  EXPECT_TRUE(r.ok());
-  EXPECT_EQ(r.exit_code(), 0);
-  EXPECT_FALSE(r.diagnosis.needed);
-  EXPECT_FALSE(r.diagnosis.bug);
-  nlohmann::json j = bisect_to_json(r);
-  EXPECT_TRUE(j["first_divergence"].is_null());
-  EXPECT_TRUE(j["diagnosis"]["bug"].is_null());
-  EXPECT_EQ(j["ok"], true);
 }
 
 TEST(Diagnose, CandidateDtypeComesFromTheManifest) {

@@ -1,0 +1,56 @@
+#include "compare/bisect_result.h"
+
+#include <algorithm>
+
+namespace llmdiff::compare {
+
+std::optional<std::string> BisectResult::first_divergence() const {
+  if (const TensorComparison* t = global.first()) return t->name;
+  return std::nullopt;
+}
+
+std::optional<std::string> BisectResult::first_local_failure() const {
+  if (const LocalSite* s = local.first()) return s->name;
+  return std::nullopt;
+}
+
+std::optional<std::string> BisectResult::localised_at() const {
+  if (auto l = first_local_failure()) return l;
+  return first_divergence();
+}
+
+bool BisectResult::ok() const { return global.failing() == 0 && local.failing() == 0 && !global.tensors.empty(); }
+
+bool BisectResult::sampler_fails() const { return sampling && sampling->verdict == SamplingCheck::Verdict::Fail; }
+
+std::string verdict_headline(const Finding& f, bool ok, size_t compared, bool noise_floor,
+                             std::optional<size_t> local_recomputed, const std::string& localised_at,
+                             bool sampler_fails) {
+  const std::string sampler = sampler_fails ? "; the sampler fails its check" : "";
+  if (ok)
+    return "No divergence: " + std::to_string(compared) + " names within the " +
+           (noise_floor ? "noise floor" : "tolerance") +
+           (local_recomputed ? ", " + std::to_string(*local_recomputed) + " local recomputes within the noise" : "") +
+           sampler;
+  return "Divergence, localised at " + (localised_at.empty() ? std::string("?") : localised_at) +
+         ". Diagnosis: " + headline(f) + sampler;
+}
+
+std::string headline(const BisectResult& r) {
+  return verdict_headline(r.finding, r.ok(), r.global.tensors.size(), r.noise_floor,
+                          r.local.ran ? std::optional<size_t>(r.local.sites.size()) : std::nullopt,
+                          r.localised_at().value_or(""), r.sampler_fails());
+}
+
+std::vector<std::string> signature_sites(const BisectResult& r) {
+  std::vector<std::string> names;
+  if (auto at = r.localised_at()) names.push_back(*at);
+  for (const TensorComparison& t : r.global.tensors) {
+    if (names.size() >= 4) break;
+    if (!t.pass && !t.is_int && std::find(names.begin(), names.end(), t.name) == names.end())
+      names.push_back(t.name);
+  }
+  return names;
+}
+
+}  // namespace llmdiff::compare
