@@ -34,6 +34,27 @@ Reproduction reproduction(const TensorSource& cand, const TensorSource& hyp, con
   return r;
 }
 
+// The replaying engine as the candidate's ran: its paged cache's block size
+// and precision, and the serving features its schedule uses (a prefix
+// cache, speculative verify calls, padded buckets), so that their bugs can
+// act in a replay.
+impl::BatchEngineOptions replay_options(const ModelOracles& m, const TensorSource& cand,
+                                        const impl::BatchSchedule& schedule) {
+  const compare::KvCacheLayout layout = compare::manifest_kv_cache(cand.manifest(), cand.label());
+  impl::BatchEngineOptions o;
+  o.threads = m.threads;
+  o.block_size = layout.kind == "paged" && layout.block_size > 0 ? layout.block_size : 16;
+  o.precision = PrecisionProfile::from_manifest(cand.manifest().extra, cand.label());
+  for (const auto& calls : schedule.iterations)
+    for (const impl::BatchCall& c : calls) {
+      if (!c.cached_prefix.empty()) o.prefix_cache = true;
+      if (c.rollback > 0 || c.verify) o.speculative = "ngram";
+    }
+  for (int64_t p : schedule.padded_rows)
+    if (p > 0) o.bucket = 1;
+  return o;
+}
+
 }  // namespace
 
 std::shared_ptr<const TensorSource> clean_batch_replay(const ModelOracles& m, const TensorSource& cand,
@@ -43,16 +64,13 @@ std::shared_ptr<const TensorSource> clean_batch_replay(const ModelOracles& m, co
       *why = "the candidate declares '" + key + "', which the clean continuous-batching replay does not make";
       return nullptr;
     }
-  const compare::KvCacheLayout layout = compare::manifest_kv_cache(cand.manifest(), cand.label());
-  impl::BatchEngineOptions o;
-  o.threads = m.threads;
-  o.block_size = layout.kind == "paged" && layout.block_size > 0 ? layout.block_size : 16;
-  o.precision = PrecisionProfile::from_manifest(cand.manifest().extra, cand.label());
+  const impl::BatchSchedule schedule = impl::schedule_of(cand);
+  const impl::BatchEngineOptions o = replay_options(m, cand, schedule);
   auto clean = std::make_shared<MemoryDump>("impl continuous batching (clean), the candidate's schedule");
   clean->spill();
   clean->set_filter(cand.names());
   try {
-    impl::BatchEngine(m.model, o).replay(impl::schedule_of(cand), *clean);
+    impl::BatchEngine(m.model, o).replay(schedule, *clean);
   } catch (const UsageError& e) {
     *why = e.what();
     return nullptr;
@@ -64,7 +82,6 @@ std::optional<compare::BatchReplayEvidence> batch_replay_evidence(const ModelOra
                                                                   const compare::SequenceBisect& s) {
   if (s.result.ok()) return std::nullopt;
   const impl::BatchSchedule schedule = impl::schedule_of(cand);
-  const compare::KvCacheLayout layout = compare::manifest_kv_cache(cand.manifest(), cand.label());
   std::vector<std::string> record;
   for (const compare::TensorComparison& t : s.result.global.tensors)
     if (!t.pass) record.push_back(sequence_prefix(s.seq) + t.name);
@@ -77,15 +94,15 @@ std::optional<compare::BatchReplayEvidence> batch_replay_evidence(const ModelOra
   std::vector<compare::Hypothesis> hypotheses;
   for (const zoo::BugInfo* info : zoo::batch_bugs()) hypotheses.push_back({info->name, std::nullopt});
   for (const compare::Hypothesis& h : m.hypotheses.hypotheses()) hypotheses.push_back(h);
-  const PrecisionProfile precision = PrecisionProfile::from_manifest(cand.manifest().extra, cand.label());
   const bool padded = cand.manifest().extra.count("padding") > 0;
   for (const compare::Hypothesis& h : hypotheses) {
     const zoo::BugInfo* info = zoo::find_bug(h.bug);
     if (!info || (info->needs_padding && !padded)) continue;
-    impl::BatchEngineOptions o;
-    o.threads = m.threads;
-    o.block_size = layout.kind == "paged" && layout.block_size > 0 ? layout.block_size : 16;
-    o.precision = precision;
+    impl::BatchEngineOptions o = replay_options(m, cand, schedule);
+    const zoo::Feature f = info->feature;
+    if ((f == zoo::Feature::PrefixCache && !o.prefix_cache) || (f == zoo::Feature::Speculative && o.speculative.empty()) ||
+        (f == zoo::Feature::BucketPadding && o.bucket == 0))
+      continue;  // the candidate does not use the feature the bug acts in
     o.bugs = {zoo::BugSpec{info->bug, h.value}};
     MemoryDump hyp("impl continuous batching --inject " + h.str());
     hyp.set_filter(record);

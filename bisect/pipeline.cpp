@@ -148,21 +148,34 @@ std::unique_ptr<MemoryDump> RefRunner::run(const Scenario& sc, ComputeDType dtyp
   go.window = sc.layers;      // a shard: its layers only, from the boundary's residual stream
   if (!sc.layers.whole() && sc.left_pad > 0) throw UsageError("ref: a shard of the layers of a left-padded row");
   ref::Graph graph(model_.config, w, go);
-  for (int s = 0; s < int(sc.steps.size()); ++s) graph.add_step(fed_tokens(sc, s));
-  if (sc.emit_generated) graph.set_generated(sc.first_generating_step);
+  // A prefix-cache hit: the graph's step 0 runs the hit's tokens, reported by
+  // no name; the graph's step k + 1 is the scenario's step k.
+  const int shift = sc.cached_prefix.empty() ? 0 : 1;
+  if (shift && (sc.left_pad > 0 || !sc.layers.whole()))
+    throw UsageError("ref: a prefix-cache hit in a row of a left-padded batch or a shard of the layers");
+  if (shift) graph.add_step(sc.cached_prefix);
+  for (int s = 0; s < int(sc.steps.size()); ++s) {
+    graph.add_step(fed_tokens(sc, s));
+    const auto r = sc.rollback.find(s);
+    if (r == sc.rollback.end()) continue;
+    graph.mark_verify(s + shift);
+    if (r->second > 0) graph.rollback(r->second);
+  }
+  if (sc.emit_generated) graph.set_generated(sc.first_generating_step + shift);
   // The float64 truth judges computed values: not the inputs (tokens) nor
   // the greedy picks (generated), which the candidate's dtype decides.
   const bool truth = dtype == ComputeDType::Float64;
+  LeftPadStripper stripped(*dump, sc.left_pad);  // reports the sequence's own rows and keys
+  StepShift out(stripped, shift);
   std::vector<std::string> names;
   for (auto& n : graph.names(0, graph.steps())) {
     const CanonName c = parse_name(n);
     if (truth && (c.kind == CanonName::Kind::Generated || (c.kind == CanonName::Kind::Step && c.site == site_name(Site::Tokens))))
       continue;
-    if (dump->wants(n)) names.push_back(std::move(n));
+    if (out.wants(n)) names.push_back(std::move(n));
   }
-  LeftPadStripper stripped(*dump, sc.left_pad);  // reports the sequence's own rows and keys
   try {
-    graph.run(names, stripped);
+    graph.run(names, out);
   } catch (const c10::Error& e) {
     throw Error(model_.config.source + ": libtorch: " + e.what_without_backtrace());
   }

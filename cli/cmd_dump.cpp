@@ -25,6 +25,11 @@ struct DumpOptions {
   bool list_bugs = false;
   // The continuous-batching engine (impl/batch_engine.h).
   std::string batch;  // requests: "PROMPT[@JOIN][:DECODE];..."
+  bool prefix_cache = false;  // serving features of the continuous-batching engine
+  std::string speculative;
+  int spec_k = 4;
+  int draft_layers = 1;
+  int64_t bucket = 0;
   int64_t block_size = 16, num_blocks = 0, chunk = 0;
 };
 
@@ -49,6 +54,11 @@ int run_batch_dump(const DumpOptions& o, const Model& model) {
   bo.num_blocks = o.num_blocks;
   bo.chunk = o.chunk;
   bo.release_weights = true;
+  bo.prefix_cache = o.prefix_cache;
+  bo.speculative = o.speculative;
+  bo.spec_k = o.spec_k;
+  bo.draft_layers = o.draft_layers;
+  bo.bucket = o.bucket;
   bo.mla = impl::parse_mla_form(o.engine_opts.mla);
   bo.precision = PrecisionProfile::parse(o.engine_opts.precision);
   if (o.engine_opts.kv_ring > 0) throw UsageError("--batch serves the sequences from a paged KV cache: no --kv-ring");
@@ -65,6 +75,7 @@ int run_batch_dump(const DumpOptions& o, const Model& model) {
   writer.mutable_manifest().steps = run.iterations;
   writer.mutable_manifest().extra["kv_cache"] = engine.kv_cache_json(requests);
   if (!bo.precision.empty()) writer.mutable_manifest().extra["precision"] = bo.precision.json();
+  if (!engine.speculative_json().empty()) writer.mutable_manifest().extra["speculative"] = engine.speculative_json();
   if (bo.sampling) {  // each sequence's own parameters (its own seed)
     writer.mutable_manifest().scenario = "batch-sample";
     for (size_t b = 0; b < requests.size(); ++b)
@@ -151,6 +162,21 @@ void setup_dump(CLI::App& app, Action& action) {
                   "requests 'PROMPT[@JOIN][:DECODE];...', e.g. '1,2,3,4@0:3;5,6@2' (JOIN: the engine iteration it "
                   "arrives at, default 0; DECODE: its decode calls, default --decode); writes seq{b}.*, iter{N}.* "
                   "and kv.*; --inject, --precision and --mla act here too");
+  sub->add_flag("--prefix-cache", o->prefix_cache,
+                "--batch: a prefix cache: a request whose prompt begins with blocks another computed is given them "
+                "(kv.cached_prefix, kv.block_source)");
+  sub->add_option("--speculative", o->speculative,
+                  "--batch: speculative decoding (greedy) with this proposer: ngram (the continuation of the "
+                  "sequence's latest n-gram seen before) or draft (the checkpoint's first --draft-layers layers); "
+                  "spec.draft and spec.accepted recorded")
+      ->check(CLI::IsMember({"ngram", "draft"}));
+  sub->add_option("--spec-k", o->spec_k, "--speculative: drafts per verify call (default 4)")->check(CLI::PositiveNumber);
+  sub->add_option("--draft-layers", o->draft_layers, "--speculative draft: the draft model's layers (default 1)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--bucket", o->bucket,
+                  "--batch: pad each engine call's rows to a multiple of this (a captured graph's bucket; "
+                  "iter{N}.padded_rows recorded)")
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("--block-size", o->block_size, "--batch: positions per KV block (default 16)")
       ->check(CLI::PositiveNumber);
   sub->add_option("--num-blocks", o->num_blocks, "--batch: blocks in the KV pool (default: enough for all at once)")

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "compare/paged_kv.h"
+#include "compare/serving_fingerprints.h"
 #include "compare/signature_finders.h"
 #include "dumps/contract/names.h"
 #include "dumps/contract/sites.h"
@@ -29,6 +30,7 @@ void batch_positions_shifted(const FingerprintScene& scene, std::vector<Fingerpr
     if (!p.is_int || p.i.empty()) continue;
     const int64_t k = p.i[0] - past[size_t(s)];
     if (k == 0 || (p.i[0] == 0 && past[size_t(s)] > 0)) continue;
+    if (k == rejected_before(scene.scenario, s)) continue;  // a verify call's drafts not rolled back
     bool run = true;
     for (size_t t = 1; t < p.i.size(); ++t) run = run && p.i[t] == p.i[0] + int64_t(t);
     if (!run) continue;

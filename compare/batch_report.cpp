@@ -6,6 +6,7 @@
 
 #include "compare/explain.h"
 #include "compare/paged_kv.h"
+#include "compare/prefix_blocks.h"
 #include "dumps/zoo/bugs.h"
 #include "dumps/contract/names.h"
 #include "dumps/contract/sequences.h"
@@ -26,16 +27,27 @@ std::string seq_list(const std::vector<int>& seqs) {
   return s;
 }
 
-// A block in the tables of two live sequences at or before the iteration
-// where the first divergent one goes wrong: the fault is the block's reuse
-// (the zoo's fingerprint BlockShared), whatever that sequence's own
-// diagnosis could say from its values alone (compare/explain.h).
+// The zoo's fingerprint of a cross-sequence cache finding: a block in the
+// tables of two live sequences (BlockShared), a block of another prefix
+// served (PrefixBlockStale), a shared block written by another sequence
+// (PrefixBlockOverwritten).
+zoo::Signature signature_of(const std::string& kind) {
+  if (kind == "prefix-stale") return zoo::Signature::PrefixBlockStale;
+  if (kind == "prefix-overwritten") return zoo::Signature::PrefixBlockOverwritten;
+  return zoo::Signature::BlockShared;
+}
+
+// A cache block shared wrongly between sequences at or before the iteration
+// where the first divergent one goes wrong: the fault is the block's
+// (reused too early, another prefix's served, written in place), whatever
+// that sequence's own diagnosis could say from its values alone
+// (compare/explain.h).
 void block_reuse_evidence(SequenceBisect& s, const std::vector<PagedKvFinding>& shared) {
   if (!s.iteration) return;
   for (const PagedKvFinding& p : shared) {
     if ((p.seq != s.seq && p.other_seq != s.seq) || p.iteration > *s.iteration) continue;
     BlockReuse e;
-    e.bug = zoo::bug_with_signature(zoo::Signature::BlockShared).name;
+    e.bug = zoo::bug_with_signature(signature_of(p.kind)).name;
     e.text = p.text;
     e.seq = s.seq;
     e.step = s.step.value_or(0);
@@ -45,6 +57,29 @@ void block_reuse_evidence(SequenceBisect& s, const std::vector<PagedKvFinding>& 
     explain(s.result);
     return;
   }
+}
+
+// Attention beyond a sequence's own keys (the zoo's AttentionLeak) in an
+// engine call where no sequence came before it: the keys it also read are
+// the call's padding rows (PaddingLeak), not another sequence's.
+void padding_leak_evidence(const TensorSource& cand, SequenceBisect& s) {
+  if (!s.iteration) return;
+  const std::string padded = "iter" + std::to_string(*s.iteration) + ".padded_rows";
+  const auto members = iteration_members(cand, *s.iteration);
+  if (!cand.has(padded) || members.empty() || members.front().first != s.seq) return;
+  const TensorData p = cand.get(padded);
+  if (!p.is_int || p.i.size() != 1 || p.i[0] <= 0) return;
+  const std::string leak = zoo::bug_with_signature(zoo::Signature::AttentionLeak).name;
+  bool changed = false;
+  for (Fingerprint& f : s.result.diagnosis.fingerprints) {
+    if (f.bug != leak) continue;
+    f.bug = zoo::bug_with_signature(zoo::Signature::PaddingLeak).name;
+    f.evidence += "; seq" + std::to_string(s.seq) + " is the first sequence of engine iteration " +
+                  std::to_string(*s.iteration) + ", which holds " + std::to_string(p.i[0]) +
+                  " padding rows: the keys it also attends are theirs";
+    changed = true;
+  }
+  if (changed) explain(s.result);
 }
 
 }  // namespace
@@ -84,9 +119,11 @@ BatchBisect summarise_batch(const TensorSource& cand, std::vector<SequenceBisect
       b.first = i;
     }
   }
-  const std::vector<PagedKvFinding> shared = check_paged_blocks_shared(cand);
+  std::vector<PagedKvFinding> shared = check_paged_blocks_shared(cand);
+  for (PagedKvFinding& p : check_prefix_blocks(cand)) shared.push_back(std::move(p));
   for (const PagedKvFinding& p : shared) b.notes.push_back("paged KV cache (" + p.kind + "), " + p.text);
   if (b.first) block_reuse_evidence(b.sequences[*b.first], shared);
+  for (SequenceBisect& s : b.sequences) padding_leak_evidence(cand, s);
   const SequenceBisect* f = b.first_divergent();
   if (f && f->iteration) {
     for (const auto& [seq, step] : iteration_members(cand, *f->iteration)) {

@@ -8,8 +8,10 @@
 
 #include "compare/batch_fingerprints.h"
 #include "compare/local_error.h"
+#include "compare/serving_fingerprints.h"
 #include "compare/signatures.h"
 #include "dumps/base/errors.h"
+#include "dumps/contract/calls.h"
 #include "dumps/contract/names.h"
 #include "dumps/contract/sites.h"
 #include "dumps/zoo/bugs.h"
@@ -117,6 +119,7 @@ void head_only(const FingerprintScene& s, std::vector<Fingerprint>& out) {
 // `generated` entry, or the next decode step's token; nullopt when neither.
 std::optional<std::pair<int64_t, std::string>> picked_after(const FingerprintScene& s, int step) {
   const Scenario& sc = s.scenario;
+  if (!sc.rollback.empty()) return std::nullopt;  // a speculative run: several tokens per call
   if (s.cand.has("generated") && step >= sc.first_generating_step) {
     TensorData g = s.cand.get("generated");
     const size_t k = size_t(step - sc.first_generating_step);
@@ -439,11 +442,7 @@ std::optional<ModelConfig> manifest_config(const TensorSource& a, const TensorSo
 
 std::vector<int64_t> past_lengths(const Scenario& sc) {
   std::vector<int64_t> p;
-  int64_t at = 0;
-  for (const auto& s : sc.steps) {
-    p.push_back(at);
-    at += int64_t(s.size());
-  }
+  for (const CallSpan& c : call_spans(sc.steps, int64_t(sc.cached_prefix.size()), sc.rollback)) p.push_back(c.P);
   return p;
 }
 
@@ -463,6 +462,9 @@ bool FingerprintScene::fired(const std::string& bug) const {
 
 const std::vector<FingerprintFinderEntry>& fingerprint_finders() {
   static const std::vector<FingerprintFinderEntry> table = {
+      {"speculative: accepted drafts miscounted", spec_accepted_miscounted},
+      {"speculative: rejected drafts not rolled back", spec_rollback_missing},
+      {"speculative: rejected drafts still read", spec_context_rejected},
       {"the head alone wrong", head_only},
       {"next_logits from the prompt's first row", last_row_first},
       {"positions restarting at 0", positions_restart},

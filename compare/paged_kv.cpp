@@ -4,8 +4,10 @@
 #include <nlohmann/json.hpp>
 
 #include "dumps/base/errors.h"
+#include "dumps/contract/calls.h"
 #include "dumps/contract/names.h"
 #include "dumps/contract/sequences.h"
+#include "dumps/contract/sites.h"
 
 namespace llmdiff::compare {
 
@@ -24,19 +26,10 @@ std::string who(int seq, int step) {
 // Blocks a sequence of S positions uses: the first ceil(S / B) entries.
 int64_t blocks_used(int64_t S, int64_t B) { return B > 0 ? (S + B - 1) / B : 0; }
 
-// The positions each step of a single-sequence dump holds: P before it, T new.
-struct StepSpan {
-  int64_t P = 0, T = 0;
-};
-std::vector<StepSpan> spans(const TensorSource& d) {
-  std::vector<StepSpan> out;
-  int64_t P = 0;
-  for (const auto& tokens : d.step_tokens()) {
-    out.push_back({P, int64_t(tokens.size())});
-    P += int64_t(tokens.size());
-  }
-  return out;
-}
+// The positions each step of a single-sequence dump holds: P before it, T
+// new (after a prefix-cache hit, with verify calls' rollbacks).
+using StepSpan = CallSpan;
+std::vector<StepSpan> spans(const TensorSource& d) { return call_spans(d); }
 
 }  // namespace
 
@@ -139,30 +132,56 @@ std::vector<PagedKvFinding> check_paged_blocks_shared(const TensorSource& batch)
   if (layout.kind != "paged") return out;
   const int64_t B = layout.block_size;
   std::map<int, std::vector<StepSpan>> spans_of;  // per sequence
+  std::map<int, int64_t> hit_of;                   // per sequence: its prefix-cache hit
+  struct Holder {
+    int seq = 0, step = 0;
+    bool partial_hit = false;  // the block its hit ends inside (it shares it, then writes into it)
+  };
   for (int n = 0; batch.has("iter" + std::to_string(n) + ".seqs"); ++n) {
-    std::map<int64_t, std::pair<int, int>> owner;  // block -> (seq, step) in this iteration
+    std::map<int64_t, Holder> owner;  // block -> its holder in this iteration
     for (const auto& [seq, step] : iteration_members(batch, n)) {
-      const std::string bt = sequence_prefix(seq) + step_name(step, "kv.block_table");
+      const std::string bt = sequence_prefix(seq) + step_name(step, Site::KvBlockTable);
       if (step < 0 || !batch.has(bt)) continue;
-      if (!spans_of.count(seq)) spans_of[seq] = spans(SequenceView(batch, seq));
+      if (!spans_of.count(seq)) {
+        const SequenceView v(batch, seq);
+        spans_of[seq] = spans(v);
+        hit_of[seq] = int64_t(cached_prefix(v).size());
+      }
       const auto& sp = spans_of[seq];
       if (step >= int(sp.size())) continue;
-      const int64_t S = sp[size_t(step)].P + sp[size_t(step)].T;
+      const int64_t S = sp[size_t(step)].P + sp[size_t(step)].T, hit = hit_of[seq];
       const std::vector<int64_t> table = ints(batch, bt);
-      for (int64_t i = 0; i < std::min<int64_t>(int64_t(table.size()), blocks_used(S, B)); ++i) {
+      // Blocks wholly inside its prefix-cache hit are read, never written:
+      // shared by design.
+      for (int64_t i = hit / std::max<int64_t>(B, 1); i < std::min<int64_t>(int64_t(table.size()), blocks_used(S, B));
+           ++i) {
         const int64_t blk = table[size_t(i)];
+        const Holder me{seq, step, hit % B != 0 && i == hit / B};
         auto it = owner.find(blk);
-        if (it != owner.end() && it->second.first != seq) {
-          out.push_back({seq, step, "block-shared",
-                         "engine iteration " + std::to_string(n) + ": block " + std::to_string(blk) +
-                             " is in the block tables of seq" + std::to_string(it->second.first) + " (step " +
-                             std::to_string(it->second.second) + ") and seq" + std::to_string(seq) + " (step " +
-                             std::to_string(step) +
-                             "): a block reused before its sequence finished, or two sequences writing one block",
-                         it->second.first, n});
+        if (it != owner.end() && it->second.seq != seq) {
+          const Holder& other = it->second;
+          const std::string both = "engine iteration " + std::to_string(n) + ": block " + std::to_string(blk) +
+                                   " is in the block tables of seq" + std::to_string(other.seq) + " (step " +
+                                   std::to_string(other.step) + ") and seq" + std::to_string(seq) + " (step " +
+                                   std::to_string(step) + ")";
+          if (me.partial_hit || other.partial_hit) {
+            // Served to the one whose hit ends inside it, which then writes
+            // its own positions into it: no copy-on-write.
+            const Holder& writer = me.partial_hit ? me : other;
+            const Holder& victim = me.partial_hit ? other : me;
+            out.push_back({victim.seq, victim.step, "prefix-overwritten",
+                           both + ": seq" + std::to_string(writer.seq) + "'s prefix-cache hit ends at position " +
+                               std::to_string(hit_of[writer.seq]) + " inside it, and it writes its own positions "
+                               "into the shared block instead of a copy (no copy-on-write)",
+                           writer.seq, n});
+          } else {
+            out.push_back({seq, step, "block-shared",
+                           both + ": a block reused before its sequence finished, or two sequences writing one block",
+                           other.seq, n});
+          }
           break;
         }
-        owner[blk] = {seq, step};
+        owner[blk] = me;
       }
     }
   }

@@ -57,18 +57,26 @@ std::vector<BatchRequest> parse_batch_requests(const std::string& text, int deco
 struct BatchCall {
   int seq = 0;
   std::vector<int64_t> tokens;
+  // The sequence's first call after a prefix-cache hit: the hit's tokens
+  // (served from the engine's own prefix cache when it has them, else
+  // computed in the same call, reported by no name).
+  std::vector<int64_t> cached_prefix;
+  int64_t rollback = 0;  // a verify call's rejected drafts, dropped after it
+  bool verify = false;   // a speculative verify call (its tokens the last accepted one and the drafts)
 };
 struct BatchSchedule {
   std::vector<std::vector<BatchCall>> iterations;
   std::vector<int64_t> prompt_len;
+  std::vector<int64_t> padded_rows;  // per iteration (iter{N}.padded_rows; empty: none)
 };
 
 // The schedule a several-sequence dump records: each engine iteration's
 // calls (iter{N}.seqs and seq_steps; without them each sequence's steps one
-// after another, sequence by sequence), each sequence's step tokens and its
-// prompt length (the calls before the ones that fed its generated tokens,
-// as replay_scenario reads them). Throws FormatError naming a step an
-// iteration lists that the sequence lacks.
+// after another, sequence by sequence), each sequence's step tokens, its
+// prefix-cache hit and verify calls' rollbacks, its prompt length (the calls
+// before the ones that fed its generated tokens, as replay_scenario reads
+// them) and each iteration's padding rows. Throws FormatError naming a step
+// an iteration lists that the sequence lacks.
 BatchSchedule schedule_of(const TensorSource& dump);
 
 struct BatchEngineOptions {
@@ -80,6 +88,20 @@ struct BatchEngineOptions {
   bool release_weights = false;    // hand each layer's mapped pages back after use (ImplOptions)
   MlaForm mla = MlaForm::Naive;    // MLA models only
   PrecisionProfile precision;      // roundings made on purpose (ImplOptions)
+  // A prefix cache: a request whose prompt begins with blocks another
+  // request computed is given them (kv.cached_prefix, kv.block_source).
+  bool prefix_cache = false;
+  // Speculative decoding (greedy): each decode call verifies up to k drafts
+  // of a proposer ("ngram": the continuation of the sequence's latest n-gram
+  // seen before in its own tokens; "draft": a draft model, the checkpoint's
+  // first draft_layers layers), spec.draft / spec.accepted reported.
+  std::string speculative;
+  int spec_k = 4;
+  int draft_layers = 1;
+  int ngram = 3;
+  // Each call's rows padded with rows of no sequence up to a multiple of
+  // this (a captured graph's bucket; 0: none), iter{N}.padded_rows reported.
+  int64_t bucket = 0;
   // Tokens drawn with HF's logits processors instead of the argmax: sequence
   // b with these parameters and the seed seed + b (sampling_for), its own
   // draws and token history, step{N}.sample.* reported under seq{b}.
@@ -118,6 +140,8 @@ class BatchEngine {
   PrecisionProfile precision() const;  // the manifest's `precision`
   // {"kind": "paged", "block_size": B, "num_blocks": N}: the manifest's kv_cache.
   std::string kv_cache_json(const std::vector<BatchRequest>& requests) const;
+  // The manifest's `speculative` ({"proposer": ..., "k": K}); empty: off.
+  std::string speculative_json() const;
 
  private:
   struct State;

@@ -64,23 +64,27 @@ class Forward::Sites {
   Observer& observer() { return obs_; }
   std::string name(const SequenceRows& s, Site site) const { return prefix(s) + step_name(s.step, site); }
   std::string name(const SequenceRows& s, int l, Site site) const { return prefix(s) + layer_name(s.step, l, site); }
-  bool wants(const SequenceRows& s, Site site) const { return obs_.wants(name(s, site)); }
-  bool wants(const SequenceRows& s, int l, Site site) const { return obs_.wants(name(s, l, site)); }
+  bool wants(const SequenceRows& s, Site site) const { return s.reported() && obs_.wants(name(s, site)); }
+  bool wants(const SequenceRows& s, int l, Site site) const { return s.reported() && obs_.wants(name(s, l, site)); }
   // packed [R, inner...]: each sequence's [T, inner...]
   void rows(Site site, const Shape& inner, const float* packed) {
-    for (const SequenceRows& s : call_.seqs) emit(name(s, site), s, inner, packed);
+    for (const SequenceRows& s : call_.seqs)
+      if (s.reported()) emit(name(s, site), s, inner, packed);
   }
   void rows(int l, Site site, const Shape& inner, const float* packed) {
-    for (const SequenceRows& s : call_.seqs) emit(name(s, l, site), s, inner, packed);
+    for (const SequenceRows& s : call_.seqs)
+      if (s.reported()) emit(name(s, l, site), s, inner, packed);
   }
   void rows(Site site, int64_t width, const float* packed) { rows(site, Shape{width}, packed); }
   void rows(int l, Site site, int64_t width, const float* packed) { rows(l, site, Shape{width}, packed); }
   void rows_i64(int l, Site site, int64_t width, const int64_t* packed) {
-    for (const SequenceRows& s : call_.seqs) i64(s, l, site, {s.T, width}, packed + s.row0 * width);
+    for (const SequenceRows& s : call_.seqs)
+      if (s.reported()) i64(s, l, site, {s.T, width}, packed + s.row0 * width);
   }
   // packed [R, H*Dh]: each sequence's [H, T, Dh] (transposed only when wanted)
   void head_major(int l, Site site, const float* packed, int64_t H, int64_t Dh) {
     for (const SequenceRows& s : call_.seqs) {
+      if (!s.reported()) continue;
       const std::string n = name(s, l, site);
       if (!obs_.wants(n)) continue;
       std::vector<float> out(size_t(H * s.T * Dh));  // [H, T, Dh]
@@ -92,20 +96,16 @@ class Forward::Sites {
     }
   }
   void f32(const SequenceRows& s, Site site, const Shape& shape, const float* data) {
-    const std::string n = name(s, site);
-    if (obs_.wants(n)) obs_.on_f32(n, shape, data);
+    if (wants(s, site)) obs_.on_f32(name(s, site), shape, data);
   }
   void f32(const SequenceRows& s, int l, Site site, const Shape& shape, const float* data) {
-    const std::string n = name(s, l, site);
-    if (obs_.wants(n)) obs_.on_f32(n, shape, data);
+    if (wants(s, l, site)) obs_.on_f32(name(s, l, site), shape, data);
   }
   void i64(const SequenceRows& s, Site site, const Shape& shape, const int64_t* data) {
-    const std::string n = name(s, site);
-    if (obs_.wants(n)) obs_.on_i64(n, shape, data);
+    if (wants(s, site)) obs_.on_i64(name(s, site), shape, data);
   }
   void i64(const SequenceRows& s, int l, Site site, const Shape& shape, const int64_t* data) {
-    const std::string n = name(s, l, site);
-    if (obs_.wants(n)) obs_.on_i64(n, shape, data);
+    if (wants(s, l, site)) obs_.on_i64(name(s, l, site), shape, data);
   }
 
  private:
@@ -225,7 +225,7 @@ std::string Forward::describe() const {
   return p;
 }
 
-void plan_rows(const Forward& f, SequenceRows& s, int64_t P, int64_t pad, int64_t ring) {
+void plan_rows(const Forward& f, SequenceRows& s, int64_t P, int64_t pad, int64_t ring, int64_t stale) {
   const ModelConfig& c = f.config();
   const zoo::Faults& bug = f.faults();
   const zoo::BatchFaults& batch_bug = f.batch_faults();
@@ -235,7 +235,7 @@ void plan_rows(const Forward& f, SequenceRows& s, int64_t P, int64_t pad, int64_
   // this call's only); attention reads them (context-len-plus-one: one more).
   s.kv.T = T;
   s.kv.write_at = bug.kv_overwrite ? 0 : P;
-  s.kv.context = s.kv.write_at + T + (batch_bug.context_one_long ? 1 : 0);
+  s.kv.context = s.kv.write_at + T + (batch_bug.context_one_long ? 1 : 0) + stale;
   const int64_t S = s.kv.context;
   // Positions continue after the cached keys (P .. P+T-1).
   s.positions.resize(size_t(T));  // [T]
@@ -305,10 +305,13 @@ std::vector<float> Forward::run(const ForwardCall& call, KvStore& kv, Observer& 
 
   // Per sequence: its RoPE tables (dynamic NTK follows each sequence's
   // largest position) into the packed cos/sin [R, Dh].
+  bool inv_freq = call.iteration == 0;  // reported once, with the first reported sequence's frequencies
   for (const SequenceRows& s : call.seqs) {
     const RopeFrequencies freqs = rope_frequencies(c, *std::max_element(s.positions.begin(), s.positions.end()) + 1);
-    if (call.iteration == 0 && &s == &call.seqs.front() && obs.wants("rope.inv_freq"))
-      obs.on_f32("rope.inv_freq", {Dh / 2}, freqs.inv_freq.data());
+    if (inv_freq && s.reported()) {
+      inv_freq = false;
+      if (obs.wants("rope.inv_freq")) obs.on_f32("rope.inv_freq", {Dh / 2}, freqs.inv_freq.data());
+    }
     rope_tables(freqs, s.positions, Dh, &b.cos[size_t(s.row0 * Dh)], &b.sin[size_t(s.row0 * Dh)]);
     site.i64(s, Site::Tokens, {s.T}, s.tokens.data());
     site.i64(s, Site::Positions, {s.T}, s.positions.data());
@@ -317,9 +320,11 @@ std::vector<float> Forward::run(const ForwardCall& call, KvStore& kv, Observer& 
   site.rows(Site::RopeSin, Dh, b.sin.data());
   for (const SequenceRows& s : call.seqs) {
     site.f32(s, Site::Mask, {s.T, s.kv.context}, s.mask.data());  // [T, S]
-    if (!kv.paged()) continue;
+    if (!kv.paged() || !s.reported()) continue;
     const std::vector<int64_t>& table = kv.table(s.seq);
     site.i64(s, Site::KvBlockTable, {int64_t(table.size())}, table.data());
+    const std::vector<int64_t> sources = kv.block_sources(s.seq);  // a prefix cache: who wrote each block
+    if (!sources.empty()) site.i64(s, Site::KvBlockSource, {int64_t(sources.size())}, sources.data());
     site.i64(s, Site::KvSlotMapping, {s.T}, s.kv.slots.data());
     site.i64(s, Site::KvContextLen, {1}, &s.kv.context);
   }
@@ -371,12 +376,18 @@ void Forward::attention_block(int l, const ForwardCall& call, KvStore& kv, Sites
   site.rows(l, Site::AttnResidual, D, b.x.data());
 }
 
-void Forward::attend(int l, const SequenceRows& s, AttentionArgs att, const float* new_k, const float* new_v,
-                     Sites& site) {
+void Forward::attend(int l, const ForwardCall& call, const SequenceRows& s, AttentionArgs att, const float* new_k,
+                     const float* new_v, Sites& site) {
   Buffers& b = *buf_;
   const int64_t T = s.T, S = s.kv.context, Hq = att.Hq;
-  // packed-cross-attention: the rows of the sequences before it in this call come first.
-  const int64_t extra = batch_faults_.cross_attention ? s.row0 : 0;
+  // Rows of this call that are not the sequence's own, attended in front of
+  // its keys: the sequences before it (packed-cross-attention), the padding
+  // rows (bucket-pad-leak).
+  int64_t from = 0, extra = 0;
+  if (batch_faults_.cross_attention) extra = s.row0;
+  if (batch_faults_.bucket_pad_leak && !s.padding)
+    for (const SequenceRows& p : call.seqs)
+      if (p.padding) from = p.row0, extra = p.T;
   const int64_t Sx = extra + S;
   const float* mask = s.mask.data();  // [T, Sx]
   if (extra > 0) {
@@ -384,7 +395,7 @@ void Forward::attend(int l, const SequenceRows& s, AttentionArgs att, const floa
     const int64_t vs = att.v_stride > 0 ? att.v_stride : att.Hkv * (att.Dv > 0 ? att.Dv : att.Dh);
     auto in_front = [&](std::vector<float>& out, const float* packed, const float* own, int64_t width) {
       out.resize(size_t(Sx * width));  // [Sx, width]
-      std::copy_n(packed, extra * width, out.data());
+      std::copy_n(packed + from * width, extra * width, out.data());
       std::copy_n(own, S * width, out.data() + extra * width);
       return out.data();
     };
@@ -479,7 +490,7 @@ void Forward::gqa_attention(int l, const ForwardCall& call, KvStore& kv, Sites& 
     if (prec.weights || prec.flash_attention) att.product_rounding = prec.kv_cache;  // ggml multiplies in the cache's type
     att.flash = prec.flash_attention;
     att.ctx = &ctx[size_t(s.row0 * q_dim)];
-    attend(l, s, att, k.data(), v.data(), site);
+    attend(l, call, s, att, k.data(), v.data(), site);
   }
 }
 
@@ -635,14 +646,14 @@ void Forward::mla_attention(int l, const ForwardCall& call, KvStore& kv, Sites& 
       att.kv_head = kv_head_.data();
       if (opt_.precision.weights) att.product_rounding = opt_.precision.kv_cache;  // ggml multiplies in the cache's type
       att.ctx = &ctx[size_t(s.row0 * ctx_dim)];
-      attend(l, s, att, k.data(), v.data(), site);
+      attend(l, call, s, att, k.data(), v.data(), site);
     } else {
       att.Hq = Hq, att.Hkv = 1, att.Dh = Lw, att.Dv = Rkv, att.k_stride = Lw, att.v_stride = Lw;
       att.q = &q_lat[size_t(s.row0 * Hq * Lw)];
       att.k = att.v = kv.read(l, KvStream::Latent, s.kv);
       att.kv_head = latent_head_.data();
       att.ctx = &ctx_lat[size_t(s.row0 * Hq * Rkv)];
-      attend(l, s, att, rows.data(), rows.data(), site);  // ctx_lat [T, Hq*Rkv]
+      attend(l, call, s, att, rows.data(), rows.data(), site);  // ctx_lat [T, Hq*Rkv]
     }
   }
   if (absorbed_) {
@@ -800,19 +811,24 @@ std::vector<float> Forward::head(const ForwardCall& call, Sites& site) {
   const WMat head = wmat(faults_.lm_head_embed ? w.embed : w.lm_head);
   std::vector<float> next(size_t(M * V));
   mm(last.data(), M, head, next.data());  // [M, V]
+  std::vector<float> out;  // each sequence's last row, or all its rows (all_logits), in row order
+  out.reserve(size_t(M * V));
   for (int64_t j = 0; j < M; ++j) {
     const SequenceRows& s = call.seqs[size_t(j)];
-    if (site.wants(s, Site::Logits)) {
+    const float* row = &next[size_t(j * V)];
+    if (site.wants(s, Site::Logits) || s.all_logits) {
       std::vector<float> logits(size_t(s.T * V));  // [T, V]
       mm(&b.xn[size_t(s.row0 * D)], s.T, head, logits.data());
       const int64_t last_row = faults_.last_token_first ? 0 : s.T - 1;
-      std::copy_n(&next[size_t(j * V)], V, &logits[size_t(last_row * V)]);
+      std::copy_n(row, V, &logits[size_t(last_row * V)]);
       site.f32(s, Site::Logits, {s.T, V}, logits.data());
+      if (s.all_logits) out.insert(out.end(), logits.begin(), logits.end());
     }
-    site.f32(s, Site::NextLogits, {V}, &next[size_t(j * V)]);
+    if (!s.all_logits) out.insert(out.end(), row, row + V);
+    site.f32(s, Site::NextLogits, {V}, row);
   }
   if (opt_.release_weights) w.release_head();
-  return next;
+  return out;
 }
 
 }  // namespace llmdiff::impl

@@ -63,6 +63,10 @@ struct SequenceRows {
   std::vector<int64_t> positions;   // [T]
   std::vector<float> mask;          // [T, context]: 1 = may attend
   KvAccess kv;                      // where its keys and values go, what its attention reads
+  bool all_logits = false;          // logits of every row (a speculative verify call), not only the last
+  bool padding = false;             // rows added to fill a captured shape: no sequence's, reported by no name
+  bool hidden = false;              // a sequence's rows reported by no name (a replayed prefix-cache hit's)
+  bool reported() const { return !padding && !hidden; }
 };
 
 struct ForwardCall {
@@ -80,10 +84,11 @@ struct ForwardCall {
 // reads, and its mask, as the model and the zoo's bugs make them: P
 // positions cached before the call, `pad` left-padding tokens at the
 // sequence's start (masked as keys, at position 1), `ring` > 0 a ring cache
-// of that many positions. Fills s.positions, s.kv.write_at/T/context and
-// s.mask from s.tokens, s.row0.
+// of that many positions, `stale` positions past the cache's end that
+// attention reads too (a bug's). Fills s.positions, s.kv.write_at/T/context
+// and s.mask from s.tokens, s.row0.
 class Forward;
-void plan_rows(const Forward& f, SequenceRows& s, int64_t P, int64_t pad = 0, int64_t ring = 0);
+void plan_rows(const Forward& f, SequenceRows& s, int64_t P, int64_t pad = 0, int64_t ring = 0, int64_t stale = 0);
 
 class Forward {
  public:
@@ -96,8 +101,9 @@ class Forward {
 
   // Runs `call` through the model: every sequence's new keys and values
   // written to `kv`, every site reported through `obs`. Returns each
-  // sequence's next-token logits [M, V] (M sequences), or nothing for a
-  // shard that ends before the last layer.
+  // sequence's next-token logits in row order [M, V] (a sequence with
+  // all_logits: its T rows), or nothing for a shard that ends before the
+  // last layer.
   std::vector<float> run(const ForwardCall& call, KvStore& kv, Observer& obs);
 
   const ModelConfig& config() const { return cfg_; }  // the model's, with the config-level bugs applied
@@ -119,7 +125,8 @@ class Forward {
   // Attention of sequence s over the keys and values it reads ([S, ·] rows
   // of k_stride / v_stride floats): softmax(q·kᵀ * scale + mask) · v into
   // its ctx rows, scores and probs reported when wanted.
-  void attend(int l, const SequenceRows& s, AttentionArgs att, const float* new_k, const float* new_v, Sites& site);
+  void attend(int l, const ForwardCall& call, const SequenceRows& s, AttentionArgs att, const float* new_k,
+              const float* new_v, Sites& site);
   void ffn_block(int l, int64_t R, Sites& site);
   void moe_block(int l, int64_t R, Sites& site);
   std::vector<float> head(const ForwardCall& call, Sites& site);

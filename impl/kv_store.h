@@ -17,6 +17,8 @@
 #include <array>
 #include <cstdint>
 #include <deque>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,6 +60,9 @@ class KvStore {
   virtual bool paged() const { return false; }
   // The block table of sequence `seq` (PagedKv), empty otherwise.
   virtual const std::vector<int64_t>& table(int seq) const;
+  // For each entry of table(seq), the sequence that wrote the block (a
+  // prefix cache's kv.block_source); empty when the store shares no blocks.
+  virtual std::vector<int64_t> block_sources(int seq) const { return {}; }
   // The manifest's kv_cache (docs/DUMP_FORMAT.md); empty: contiguous.
   virtual std::string json() const { return ""; }
   int64_t width(KvStream s) const { return widths_[s]; }
@@ -83,6 +88,8 @@ class ContiguousKv final : public KvStore {
   std::vector<float> held(int layer, KvStream s, const KvAccess& a, int64_t* rows) override;
   std::string json() const override;
   void clear();
+  // Keeps the first `positions` positions of every layer and stream.
+  void truncate(int64_t positions);
   int64_t ring() const { return ring_; }
 
  private:
@@ -91,9 +98,16 @@ class ContiguousKv final : public KvStore {
 };
 
 // A paged cache: per layer and stream a pool [num_blocks * block_size,
-// width]; a block allocator (free blocks taken from the front, given back
-// to the front) and a block table per sequence. Reading gathers a
-// sequence's positions through its table into a scratch per stream.
+// width]; a block allocator and a block table per sequence. Reading gathers
+// a sequence's positions through its table into a scratch per stream.
+//
+// With a prefix cache, full blocks stay indexed by the hash of the whole
+// prefix they end (the chain of their tokens and every block before) after
+// their sequence is done, reference-counted while sequences share them,
+// evicted least recently used when the pool runs out; a sequence admitted
+// with a prompt whose first blocks are indexed is given them (a hit),
+// including a block its prompt matches only partly, which it copies before
+// writing into (copy-on-write).
 class PagedKv final : public KvStore {
  public:
   PagedKv(int layers, KvWidths widths, GgmlType storage, int64_t block_size, int64_t num_blocks);
@@ -101,30 +115,70 @@ class PagedKv final : public KvStore {
   const float* read(int layer, KvStream s, const KvAccess& a) override;
   bool paged() const override { return true; }
   const std::vector<int64_t>& table(int seq) const override;
+  std::vector<int64_t> block_sources(int seq) const override;
   std::string json() const override;
 
   int64_t block_size() const { return B_; }
   int64_t num_blocks() const { return num_blocks_; }
   // Blocks for sequence `seq` until its table covers `positions`; throws
-  // UsageError naming the iteration when the pool is empty.
+  // UsageError naming the iteration when the pool has none left.
   void allocate(int seq, int64_t positions, int iteration);
   // The pool slot of position p of `seq` (block table[p / B] * B + p % B).
   int64_t slot_of(int seq, int64_t p) const;
-  // Gives blocks [from, to) of the table of `seq` back to the pool (the
-  // table keeps them: a sequence that still reads them is a bug).
+  // Gives blocks [from, to) of the table of `seq` back (a block is free once
+  // no sequence holds it; the table keeps them: a sequence that still reads
+  // them is a bug).
   void release(int seq, size_t from, size_t to);
+  // Blocks past the first `positions` of `seq` given back and dropped from
+  // its table (a rollback).
+  void truncate(int seq, int64_t positions);
   // block-table-order: the first two blocks of a sequence holding two full
   // blocks or more are gathered swapped.
   void gather_swapped(bool on) { swapped_ = on; }
 
+  // ---- prefix cache
+  struct PrefixOptions {
+    bool on = false;
+    bool hash_last_block = false;  // prefix-hash-last-block: a block hashed by its own tokens only
+    bool shared_write = false;     // prefix-shared-write: no copy-on-write
+  };
+  void prefix_cache(const PrefixOptions& o) { prefix_ = o; }
+  bool prefix_cache() const { return prefix_.on; }
+  // A new sequence's hit: the longest prefix of `prompt` whose blocks are
+  // indexed (full blocks, then a partly matching one), at most `max_hit`
+  // positions; those blocks put in its table. Returns the hit's length.
+  int64_t lookup(int seq, const std::vector<int64_t>& prompt, int64_t max_hit);
+  // Makes the blocks `seq` writes positions [from, to) into its own: a
+  // block it shares is copied first (copy-on-write), unless the store is
+  // told not to. Call before the slots are taken.
+  void own_for_write(int seq, int64_t from, int64_t to, int iteration);
+  // Indexes the full blocks of `seq` among its first `positions`, which
+  // hold `tokens` (the sequence's tokens by position).
+  void index_full_blocks(int seq, const std::vector<int64_t>& tokens, int64_t positions);
+
  private:
   std::vector<int64_t>& table_of(int seq);
+  int64_t take_block(int seq, int iteration);
+  void drop_ref(int64_t block);
+  uint64_t block_hash(uint64_t parent, const int64_t* tokens) const;
   int64_t B_, num_blocks_;
   std::vector<std::array<std::vector<float>, kKvStreams>> pool_;  // per layer, per stream [num_blocks*B, width]
   std::array<std::vector<float>, kKvStreams> scratch_;          // a sequence's gathered rows
-  std::deque<int64_t> free_;
+  std::deque<int64_t> free_;               // blocks no sequence holds and no index keeps
   std::vector<std::vector<int64_t>> tables_;
+  std::vector<int> refs_;                  // per block: sequences holding it
+  std::vector<int64_t> owner_;             // per block: the sequence that wrote it
   bool swapped_ = false;
+  // prefix cache
+  PrefixOptions prefix_;
+  struct Indexed {
+    uint64_t hash = 0, parent = 0;
+    std::vector<int64_t> tokens;  // [B]
+    int64_t last_use = 0;
+  };
+  std::vector<std::optional<Indexed>> indexed_;  // per block
+  std::map<uint64_t, int64_t> by_hash_;           // full-prefix hash -> block
+  int64_t clock_ = 0;
 };
 
 }  // namespace llmdiff::impl

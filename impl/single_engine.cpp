@@ -69,6 +69,15 @@ class ImplEngine final : public Engine {
     for (size_t i = 0; i < bugs_.size(); ++i) p += (i == 0 ? " with bugs: " : ", ") + bugs_[i].str();
     return p;
   }
+  // A verify call's rejected drafts (Engine::rollback).
+  void rollback(int64_t positions) override {
+    if (positions < 0 || positions > cached_)
+      throw UsageError("impl: cannot roll back " + std::to_string(positions) + " of the " + std::to_string(cached_) +
+                       " cached positions");
+    cached_ -= positions;
+    store_.truncate(cached_);
+  }
+
   std::string dtype_name() const override { return "float32"; }
   PrecisionProfile precision() const override { return fwd_.precision(); }
   std::string kv_cache_json() const override { return store_.json(); }

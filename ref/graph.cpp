@@ -6,6 +6,7 @@
 // hands each site to its stage (the step's sites, MLA attention, the MoE
 // block, the decoder layer).
 #include "ref/graph.h"
+
 #include "dumps/contract/rows.h"
 
 #include <malloc.h>
@@ -17,8 +18,9 @@
 #include <limits>
 #include <tuple>
 
-#include "dumps/contract/engine.h"
 #include "dumps/base/errors.h"
+#include "dumps/contract/calls.h"
+#include "dumps/contract/engine.h"
 #include "dumps/contract/names.h"
 
 namespace llmdiff::ref {
@@ -177,12 +179,24 @@ Graph::Graph(ModelConfig cfg, LayerByLayerWeights& w, const GraphOptions& opt, c
   if (!rope) own_rope_ = std::make_unique<RopeState>(cfg_, rope_dtype_);
   rope_ = rope ? rope : own_rope_.get();
   if (opt_.inputs == Inputs::Dump) {
-    for (const auto& tokens : dump_->step_tokens()) add_step(tokens);
+    // The calls as the dump places them: after a prefix-cache hit, with the
+    // rejected drafts of verify calls rolled back.
+    prefix_ = int64_t(cached_prefix(*dump_).size());
+    const std::map<int, int64_t> rollbacks = spec_rollbacks(*dump_);
+    for (const auto& tokens : dump_->step_tokens()) {
+      add_step(tokens);
+      const auto r = rollbacks.find(steps() - 1);
+      if (r == rollbacks.end()) continue;
+      mark_verify(steps() - 1);
+      if (r->second > 0) rollback(r->second);
+    }
     // Sampled tokens are no argmax to recompute (the sampler's own check
     // judges them).
     const std::optional<SamplingParams> sampling = manifest_sampling(dump_->manifest(), dump_->label());
     sampled_ = sampling && sampling->do_sample;
-    if (dump_->has("generated") && !sampled_) {
+    // Nor are a speculative run's: a verify call generates several (the
+    // speculative check judges them).
+    if (dump_->has("generated") && !sampled_ && !speculative(*dump_)) {
       const int64_t m = numel(dump_->shape("generated"));
       first_generating_ = int(std::max<int64_t>(0, int64_t(tokens_.size()) - m));
     }
@@ -196,10 +210,11 @@ void Graph::add_step(const std::vector<int64_t>& tokens) {
       throw UsageError("forward: token id " + std::to_string(tokens[i]) + " at index " + std::to_string(i) +
                        " is outside the vocabulary [0, " + std::to_string(cfg_.vocab_size) + ")");
   const size_t s = tokens_.size();
-  int64_t at = 0;
-  for (const auto& t : tokens_) at += int64_t(t.size());
+  // Positions held: the call before's and its own, less what it rolled back.
+  const int64_t at = s == 0 ? prefix_ : past_[s - 1] + int64_t(tokens_[s - 1].size()) - rollback_[s - 1];
   // kv-overwrite keeps only the previous call's keys.
   past_.push_back(opt_.faults.kv_overwrite ? (s == 0 ? 0 : int64_t(tokens_[s - 1].size())) : at);
+  rollback_.push_back(0);
   tokens_.push_back(tokens);
   // rotary_emb(hidden_states, position_ids) with dynamic_rope_update:
   // seq_len = max(position_ids) + 1.
@@ -209,7 +224,18 @@ void Graph::add_step(const std::vector<int64_t>& tokens) {
   step_rope_.push_back(rope_->update(seq_len));
 }
 
+void Graph::rollback(int64_t positions) {
+  if (steps() == 0) throw UsageError("rollback: no forward call yet");
+  const int s = steps() - 1;
+  if (positions < 0 || positions > P(s) + T(s))
+    throw UsageError("rollback: " + std::to_string(positions) + " positions of the " + std::to_string(P(s) + T(s)) +
+                     " cached");
+  rollback_[size_t(s)] = positions;
+}
+
 void Graph::set_generated(int first_step) { first_generating_ = first_step; }
+
+void Graph::mark_verify(int step) { verify_.insert(step); }
 
 std::vector<std::string> Graph::names(int first, int last) const {
   std::vector<std::string> out;
@@ -224,6 +250,7 @@ std::vector<std::string> Graph::names(int first, int last) const {
       for (const SiteInfo& i : site_table())
         if (i.scope == SiteScope::Layer) out.push_back(layer_name(s, l, i.id));
     step_sites(s, SiteScope::AfterLayers);
+    if (verify_.count(s)) out.push_back(step_name(s, Site::SpecAccepted));
   }
   if (first_generating_ >= 0 && last == steps()) out.push_back("generated");
   return out;
@@ -240,6 +267,7 @@ void Graph::run(const std::vector<std::string>& names, Observer& out, std::map<s
     if (c.kind == CanonName::Kind::Layer) return 1;
     if (c.kind == CanonName::Kind::Generated) return 2;
     if (c.id && site_info(*c.id).scope == SiteScope::AfterLayers) return 2;
+    if (c.id == Site::SpecAccepted) return 2;  // from the step's logits
     return 0;
   };
   // Inside a layer, site by site over the steps (each step's q, then each
@@ -576,9 +604,21 @@ struct Graph::LayerOp {
   // DynamicCache.update: the first call stores the tensors, later ones
   // concatenate this site of the call before along the sequence axis (`dim`:
   // 1 for [H, S, *] caches, 0 for MLA's [S, *] latent and k_pe caches).
+  // After a speculative verify call's rollback only the first P positions
+  // of the call before are kept (DynamicCache.crop); after a prefix-cache
+  // hit, step 0 continues the hit's positions as the dump's own cache holds
+  // them (teacher forcing; undefined without them).
   torch::Tensor cache(const torch::Tensor& fresh, int64_t dim = 1) {
-    if (s == 0 || g.opt_.faults.kv_overwrite) return fresh;
-    return torch::cat({g.input(layer_name(s - 1, l, site), v), fresh}, dim);
+    if (g.opt_.faults.kv_overwrite) return fresh;
+    if (s == 0) {
+      if (g.P(0) == 0) return fresh;
+      const std::string own = layer_name(0, l, site);
+      if (g.opt_.inputs != Inputs::Dump || !g.dump_->has(own)) return torch::Tensor();
+      return torch::cat({g.input(own, v).narrow(dim, 0, g.P(0)), fresh}, dim);
+    }
+    torch::Tensor before = g.input(layer_name(s - 1, l, site), v);
+    if (before.size(dim) > g.P(s)) before = before.narrow(dim, 0, g.P(s));
+    return torch::cat({before, fresh}, dim);
   }
   Value result(torch::Tensor value) {
     v.t = std::move(value);
@@ -650,6 +690,14 @@ Graph::Value Graph::step_site(int s, Site site) {
                             head);  // [T, V]
     }
     case Site::NextLogits: v.t = step_in(s, Site::Logits)[f.last_token_first ? 0 : t - 1]; return v;  // [V]
+    case Site::SpecAccepted: {  // a verify call's drafts kept: while the argmax of the row before agrees
+      if (!verify_.count(s)) return v;
+      const torch::Tensor next = step_in(s, Site::Logits).argmax(-1);  // [T]
+      int64_t accepted = 0;
+      while (accepted + 1 < t && next[accepted].item<int64_t>() == tokens_[size_t(s)][size_t(accepted + 1)]) ++accepted;
+      v.t = torch::tensor(std::vector<int64_t>{accepted}, torch::kLong);  // [1]
+      return v;
+    }
     default: return v;  // the record's sites (rows, kv.*, sample.*) are no op of the graph
   }
 }

@@ -117,6 +117,15 @@ class Graph {
   // outside the vocabulary.
   void add_step(const std::vector<int64_t>& tokens);
   int steps() const { return int(tokens_.size()); }
+  // Drops the last `positions` positions of the cache after the last call
+  // (a speculative verify call's rejected drafts, DynamicCache.crop): the
+  // next call continues after the ones kept. Throws UsageError for more than
+  // the cache holds.
+  void rollback(int64_t positions);
+  // Step `step` is a speculative verify call (its tokens the last accepted
+  // one and the drafts): it has the site spec.accepted, the drafts the
+  // argmax of its logits rows agrees with.
+  void mark_verify(int step);
   // Free-running: the `generated` site holds the argmax of next_logits of
   // every step from `first_step` on.
   void set_generated(int first_step);
@@ -180,6 +189,11 @@ class Graph {
   RopeState* rope_;
   std::vector<std::vector<int64_t>> tokens_;
   std::vector<int64_t> past_;
+  std::vector<int64_t> rollback_;  // positions dropped after each call
+  std::set<int> verify_;           // speculative verify calls
+  // Inputs::Dump: a prefix-cache hit's length (step 0 starts there; its
+  // positions are the dump's own cache rows).
+  int64_t prefix_ = 0;
   std::vector<ops::RopeInit> step_rope_;  // the frequencies each call uses
   int first_generating_ = -1;             // -1: no `generated`
   bool sampled_ = false;                  // the dump's tokens were drawn (manifest sampling), not argmaxes

@@ -57,6 +57,9 @@ class RefEngine : public Engine {
     graph_ = std::make_unique<Graph>(cfg_, *weights_, o, nullptr, rope_.get());
   }
 
+  // A verify call's rejected drafts: DynamicCache.crop (Graph::rollback).
+  void rollback(int64_t positions) override { graph_->rollback(positions); }
+
   std::string producer() const override { return ref::producer(dtype_); }
   std::string dtype_name() const override { return compute_dtype_name(dtype_); }
 

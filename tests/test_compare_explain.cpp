@@ -392,7 +392,7 @@ TEST(FingerprintFinders, EachCheckIsAFinderOfTheTable) {
     EXPECT_TRUE(names.insert(e.name).second) << e.name;
     EXPECT_NE(e.find, nullptr);
   }
-  EXPECT_EQ(names.size(), 14u);
+  EXPECT_EQ(names.size(), 17u);
   // One finder alone: positions restarting at 0, on a toy decode whose step 1 restarts.
   auto ref = llmdiff::testing::toy_dump(false, false, false, 1.0f);
   auto cand = llmdiff::testing::toy_dump(true, false, false, 1.0f);

@@ -1,5 +1,6 @@
 #include "dumps/contract/engine.h"
 #include "dumps/contract/padding.h"
+#include "dumps/contract/calls.h"
 
 #include <algorithm>
 #include <numeric>
@@ -68,6 +69,12 @@ Scenario replay_scenario(const TensorSource& dump) {
     sc.left_pad = pad->left;
     sc.pad_token = pad->pad_token;
   }
+  // A prefix-cache hit runs in front of step 0; verify calls roll back their
+  // rejected drafts. A verify call generates several tokens, not the argmax
+  // of its last row: the speculative check judges them.
+  sc.cached_prefix = cached_prefix(dump);
+  sc.rollback = spec_rollbacks(dump);
+  if (speculative(dump)) sc.emit_generated = false;
   return sc;
 }
 
@@ -86,6 +93,30 @@ Scenario replay_with_sampling(const TensorSource& dump) {
   return sc;
 }
 
+bool StepShift::wants(const std::string& name) const {
+  const std::string n = rename(name);
+  return !n.empty() && inner_.wants(n);
+}
+
+void StepShift::on_f32(const std::string& name, const Shape& shape, const float* data) {
+  const std::string n = rename(name);
+  if (!n.empty()) inner_.on_f32(n, shape, data);
+}
+
+void StepShift::on_i64(const std::string& name, const Shape& shape, const int64_t* data) {
+  const std::string n = rename(name);
+  if (!n.empty()) inner_.on_i64(n, shape, data);
+}
+
+std::string StepShift::rename(const std::string& name) const {
+  if (shift_ == 0) return name;
+  CanonName c = parse_name(name);
+  if (c.kind != CanonName::Kind::Step && c.kind != CanonName::Kind::Layer) return name;
+  if (c.step < shift_) return "";
+  c.step -= shift_;
+  return c.str();
+}
+
 std::vector<int64_t> run_scenario(Engine& engine, const Scenario& sc, Observer& obs) {
   if (sc.steps.empty()) throw UsageError("scenario '" + sc.name + "' has no forward calls");
   if (sc.decode > 0 && sc.first_generating_step >= int(sc.steps.size()))
@@ -101,7 +132,14 @@ std::vector<int64_t> run_scenario(Engine& engine, const Scenario& sc, Observer& 
                        "left padding or decoding of its own");
     engine.set_layer_window(sc.layers);
   }
-  LeftPadStripper out(obs, sc.left_pad);  // the sequence's own rows and keys
+  LeftPadStripper stripped(obs, sc.left_pad);  // the sequence's own rows and keys
+  // A prefix-cache hit: the engine's call 0 runs the hit's tokens, reported
+  // by no name; the engine's call k + 1 is the scenario's step k.
+  const int shift = sc.cached_prefix.empty() ? 0 : 1;
+  if (shift && sc.left_pad > 0)
+    throw UsageError("scenario '" + sc.name + "': a prefix-cache hit in a row of a left-padded batch");
+  StepShift out(stripped, shift);
+  if (shift) engine.forward(sc.cached_prefix, 0, out);
   std::vector<int64_t> generated;
   std::vector<int64_t> history;  // every token fed so far (generate's input_ids)
   UniformStream draws(sc.sampling && sc.sampling->seed ? *sc.sampling->seed : 0);
@@ -120,13 +158,15 @@ std::vector<int64_t> run_scenario(Engine& engine, const Scenario& sc, Observer& 
   int step = 0;
   for (; step < int(sc.steps.size()); ++step) {
     const std::vector<int64_t> tokens = fed_tokens(sc, step);
-    std::vector<float> logits = engine.forward(tokens, step, out);
+    std::vector<float> logits = engine.forward(tokens, step + shift, out);
+    const auto rolled = sc.rollback.find(step);
+    if (rolled != sc.rollback.end() && rolled->second > 0) engine.rollback(rolled->second);
     history.insert(history.end(), tokens.begin(), tokens.end());
     // A shard ending before the last layer has no logits to pick from.
     if (step >= sc.first_generating_step && !logits.empty()) generated.push_back(pick(logits, step));
   }
   for (int d = 0; d < sc.decode; ++d) {
-    std::vector<float> logits = engine.forward({generated.back()}, step, out);
+    std::vector<float> logits = engine.forward({generated.back()}, step + shift, out);
     history.push_back(generated[generated.size() - 1]);
     generated.push_back(pick(logits, step));
     ++step;
@@ -140,6 +180,11 @@ std::vector<int64_t> fed_tokens(const Scenario& sc, int step) {
   std::vector<int64_t> tokens = sc.steps[size_t(step)];
   if (step == 0 && sc.left_pad > 0) tokens.insert(tokens.begin(), size_t(sc.left_pad), sc.pad_token);
   return tokens;
+}
+
+void Engine::rollback(int64_t positions) {
+  throw UsageError(producer() + ": does not roll back its KV cache (a speculative verify call's " +
+                   std::to_string(positions) + " rejected positions)");
 }
 
 void Engine::set_left_padding(int64_t pad) {

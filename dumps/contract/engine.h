@@ -42,6 +42,11 @@ class Engine {
   // after the layers and returns no logits. Throws UsageError for an engine
   // that does not run shards (the default, unless `w` is the whole model).
   virtual void set_layer_window(const LayerWindow& w);
+  // Drops the last `positions` positions from the cache (a speculative
+  // verify call's rejected drafts): the next call continues after the ones
+  // kept. Throws UsageError for an engine that does not roll back (the
+  // default) or more positions than it holds.
+  virtual void rollback(int64_t positions);
 };
 
 struct Scenario {
@@ -70,6 +75,13 @@ struct Scenario {
   // layers only, from the boundary dump's residual stream
   // (Engine::set_layer_window). Whole by default.
   LayerWindow layers;
+  // A prefix-cache hit (docs/DUMP_FORMAT.md, "Prefix cache"): these tokens
+  // run as a call of their own before step 0, reported by no name, so that
+  // step 0 starts after them.
+  std::vector<int64_t> cached_prefix;
+  // Speculative verify calls: the positions rolled back after step n
+  // (Engine::rollback), by step.
+  std::map<int, int64_t> rollback;
 };
 
 // --tokens 1,2,3 [--chunks 4,3] [--decode N]. Chunk sizes must add up to the
@@ -93,5 +105,22 @@ std::vector<int64_t> fed_tokens(const Scenario& sc, int step);
 std::vector<int64_t> run_scenario(Engine& engine, const Scenario& sc, Observer& obs);
 
 int64_t argmax_first(const std::vector<float>& v);
+
+// An engine's forward calls `shift` steps after the scenario's: its call
+// k + shift reported as step k, its first `shift` calls (a prefix-cache hit
+// run in front of the scenario) by no name but the model-wide ones.
+class StepShift final : public Observer {
+ public:
+  StepShift(Observer& inner, int shift) : inner_(inner), shift_(shift) {}
+  bool wants(const std::string& name) const override;
+  void on_f32(const std::string& name, const Shape& shape, const float* data) override;
+  void on_i64(const std::string& name, const Shape& shape, const int64_t* data) override;
+  // The scenario's name for the engine's `name` ("" when it reports none).
+  std::string rename(const std::string& name) const;
+
+ private:
+  Observer& inner_;
+  int shift_;
+};
 
 }  // namespace llmdiff

@@ -67,6 +67,10 @@ const std::vector<SiteInfo>& site_table() {
       {S::SampleProbs, "sample.probs", Sc::Record, false, P::Always, -1, -1},
       {S::SampleU, "sample.u", Sc::Record, false, P::Always, -1, -1},
       {S::SampleToken, "sample.token", Sc::Record, true, P::Always, -1, -1},
+      {S::KvCachedPrefix, "kv.cached_prefix", Sc::Record, true, P::Always, -1, -1},
+      {S::KvBlockSource, "kv.block_source", Sc::Record, true, P::Always, -1, -1},
+      {S::SpecDraft, "spec.draft", Sc::Record, true, P::Always, -1, -1},
+      {S::SpecAccepted, "spec.accepted", Sc::Record, true, P::Always, -1, -1},
   };
   return table;
 }

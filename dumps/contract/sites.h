@@ -28,6 +28,8 @@ enum class Site : uint8_t {
   FinalNorm, LastHidden, Logits, NextLogits,
   // per step, outside the forward pass's order: row subsets, the paged cache's bookkeeping, sampling
   Rows, KvBlockTable, KvSlotMapping, KvContextLen, SampleScores, SampleProbs, SampleU, SampleToken,
+  // serving features: a prefix-cache hit, the writer of each block, speculative verify calls
+  KvCachedPrefix, KvBlockSource, SpecDraft, SpecAccepted,
 };
 
 enum class SiteScope {

@@ -322,6 +322,30 @@ const std::vector<BugInfo>& all_bugs() {
           "gathers a sequence's cache with the first two blocks of its table swapped once both are full (blocks "
           "out of order)",
           &BatchFaults::blocks_swapped, Signature::BlocksOutOfOrder);
+    // --- serving features (the continuous-batching engine with the feature on)
+    auto serving = [&](Bug bug, const char* name, const char* description, bool BatchFaults::*flag, Signature sig,
+                       Feature feature) { batch(bug, name, description, flag, sig), z.back().feature = feature; };
+    serving(Bug::PrefixHashLastBlock, "prefix-hash-last-block",
+            "hashes a prefix-cache block by its own tokens only, not the whole prefix before it: a prompt whose "
+            "block matches another prompt's is served that prompt's stale block",
+            &BatchFaults::prefix_hash_last_block, Signature::PrefixBlockStale, Feature::PrefixCache);
+    serving(Bug::PrefixSharedWrite, "prefix-shared-write",
+            "writes a sequence's new positions into a partly filled block it shares with the prefix cache instead "
+            "of copying it first (no copy-on-write): the block's other readers see them",
+            &BatchFaults::prefix_shared_write, Signature::PrefixBlockOverwritten, Feature::PrefixCache);
+    serving(Bug::SpecRollbackMissing, "spec-rollback-missing",
+            "keeps a verify call's rejected drafts in the KV cache: the next call continues after them",
+            &BatchFaults::spec_rollback_missing, Signature::RollbackMissing, Feature::Speculative);
+    serving(Bug::SpecContextRejected, "spec-context-rejected",
+            "rolls back a verify call's rejected drafts but still counts them in the context length: attention "
+            "reads their stale slots", &BatchFaults::spec_context_rejected, Signature::ContextCountsRejected,
+            Feature::Speculative);
+    serving(Bug::SpecAcceptOffByOne, "spec-accept-off-by-one",
+            "accepts one draft more than the target model agrees with (when it rejects any)",
+            &BatchFaults::spec_accept_off_by_one, Signature::AcceptedMiscounted, Feature::Speculative);
+    serving(Bug::BucketPadLeak, "bucket-pad-leak",
+            "lets the real rows attend the padding rows added to fill a captured bucket shape",
+            &BatchFaults::bucket_pad_leak, Signature::PaddingLeak, Feature::BucketPadding);
     return z;
   }();
   return bugs;
@@ -346,6 +370,16 @@ const BugInfo& bug_with_signature(Signature s) {
 }
 
 const char* bug_name(Bug b) { return bug_info(b).name; }
+
+const char* feature_name(Feature f) {
+  switch (f) {
+    case Feature::PrefixCache: return "prefix cache";
+    case Feature::Speculative: return "speculative decoding";
+    case Feature::BucketPadding: return "bucket padding";
+    case Feature::None: break;
+  }
+  return "none";
+}
 
 bool bug_takes_value(Bug b) { return bug_info(b).takes_value(); }
 

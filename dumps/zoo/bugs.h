@@ -46,7 +46,10 @@ enum class Bug {
   SamplerTopPOffByOne, SamplerTopPOffByOneFewer, SamplerTemperatureTwice,
   // several sequences at once (the continuous-batching engine)
   BatchPositions, BatchCrossAttention, SlotMappingOffByOne, ContextLenPlusOne, BlockReuseEarly, BlockTableOrder,
-  PadKeysUnmasked
+  PadKeysUnmasked,
+  // serving features: prefix cache, speculative decoding, bucket padding
+  PrefixHashLastBlock, PrefixSharedWrite, SpecRollbackMissing, SpecContextRejected, SpecAcceptOffByOne,
+  BucketPadLeak
 };
 
 // How a forward pass runs under the zoo's op-level bugs (all false: no bug).
@@ -95,8 +98,19 @@ struct BatchFaults {
   bool context_one_long = false;            // context-len-plus-one
   bool free_after_prefill = false;          // block-reuse-early
   bool blocks_swapped = false;              // block-table-order
+  // serving features (each acts only when its feature is on: BugInfo::feature)
+  bool prefix_hash_last_block = false;      // prefix-hash-last-block
+  bool prefix_shared_write = false;         // prefix-shared-write
+  bool spec_rollback_missing = false;       // spec-rollback-missing
+  bool spec_context_rejected = false;       // spec-context-rejected
+  bool spec_accept_off_by_one = false;      // spec-accept-off-by-one
+  bool bucket_pad_leak = false;             // bucket-pad-leak
   bool any() const;
 };
+
+// The serving features a bug can need to act at all.
+enum class Feature { None, PrefixCache, Speculative, BucketPadding };
+const char* feature_name(Feature f);  // "prefix cache", "speculative decoding", "bucket padding"
 
 // The divergence patterns compare/'s fingerprints test (compare/diagnose.cpp);
 // each bug names the one it leaves.
@@ -121,6 +135,13 @@ enum class Signature {
   ContextTooLong,     // kv.context_len above the positions the sequence holds
   BlockShared,        // a block in the tables of two live sequences
   BlocksOutOfOrder,   // the gathered cache holds the sequence's blocks in another order
+  // serving features
+  PrefixBlockStale,       // a block served from the prefix cache holds another prefix's keys
+  PrefixBlockOverwritten, // a shared block's positions overwritten by another sequence's
+  RollbackMissing,        // the call after a verify call continues after the rejected drafts
+  ContextCountsRejected,  // attention reads the rejected drafts' positions after the rollback
+  AcceptedMiscounted,     // spec.accepted differs from the drafts the target's argmax agrees with
+  PaddingLeak,            // the real rows attend the padding rows of a bucket
 };
 
 struct BugSpec;
@@ -148,6 +169,8 @@ struct BugInfo {
   // Acts only on a row of a left-padded batch (Scenario::left_pad > 0): a
   // run without padding is the clean model's, so no need to replay it there.
   bool needs_padding = false;
+  // Acts only when the engine runs this serving feature (None: always).
+  Feature feature = Feature::None;
   Signature signature = Signature::None;
   bool takes_value() const { return parameter != nullptr; }
   // Whether the bug changes the model's forward pass (a config change or a
