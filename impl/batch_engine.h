@@ -80,6 +80,7 @@ struct BatchEngineOptions {
   bool release_weights = false;    // hand each layer's mapped pages back after use (ImplOptions)
   MlaForm mla = MlaForm::Naive;    // MLA models only
   PrecisionProfile precision;      // roundings made on purpose (ImplOptions)
+  int tensor_parallel = 1;         // ranks (ImplOptions::tensor_parallel)
   // Tokens drawn with HF's logits processors instead of the argmax: sequence
   // b with these parameters and the seed seed + b (sampling_for), its own
   // draws and token history, step{N}.sample.* reported under seq{b}.
