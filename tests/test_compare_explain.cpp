@@ -299,11 +299,12 @@ TEST(Explain, TheListRunsInOrderAndGathersOnlyWhatItReaches) {
   EXPECT_EQ(r.finding.kind, FindingKind::RingWrap);
   EXPECT_EQ(r.finding.focus, "step2.layers.0.attn.ctx");
   EXPECT_TRUE(asked.empty());
-  // Without the ring, the diagnosis is gathered once and names the bug.
+  // Without the ring, the diagnosis is gathered once and names the bug (a
+  // tensor-parallel candidate's rank checks are asked for first, refused).
   r.evidence.ring.reset();
   explain(r, gather);
   EXPECT_EQ(r.finding.kind, FindingKind::ZooBug);
-  EXPECT_EQ(asked, std::vector<Need>{Need::Diagnosis});
+  EXPECT_EQ(asked, (std::vector<Need>{Need::TensorParallel, Need::Diagnosis}));
   // A need refused is asked again later (a batch's replay, after the sequences).
   BisectResult s = diverging_at_step2();
   asked.clear();
@@ -315,6 +316,7 @@ TEST(Explain, TheListRunsInOrderAndGathersOnlyWhatItReaches) {
   EXPECT_EQ(std::count(asked.begin(), asked.end(), Need::Diagnosis), 4);  // each explainer that reads it asks
   EXPECT_EQ(std::count(asked.begin(), asked.end(), Need::BatchReplay), 1);
   EXPECT_EQ(std::count(asked.begin(), asked.end(), Need::Rounding), 1);
+  EXPECT_EQ(std::count(asked.begin(), asked.end(), Need::TensorParallel), 1);
 }
 
 TEST(Explain, ADeclaredPrecisionComesBeforeTheHypotheses) {
