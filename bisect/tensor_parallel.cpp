@@ -19,7 +19,8 @@ namespace {
 // under rank0.) into a dump of rank names.
 class RankRecorder final : public Observer {
  public:
-  RankRecorder(MemoryDump& out, const std::vector<std::string>& wanted) : out_(out), wanted_(wanted.begin(), wanted.end()) {}
+  RankRecorder(MemoryDump& out, const std::vector<std::string>& wanted)
+      : out_(out), wanted_(wanted.begin(), wanted.end()) {}
   bool wants(const std::string& n) const override { return wanted_.count(canonical(n)) > 0; }
   void on_f32(const std::string& n, const Shape& s, const float* d) override { out_.on_f32(ranked(n), s, d); }
   void on_i64(const std::string& n, const Shape& s, const int64_t* d) override { out_.on_i64(ranked(n), s, d); }

@@ -66,7 +66,8 @@ int run_batch_dump(const DumpOptions& o, const Model& model) {
   RankZeroNames ranked(writer);  // tensor parallel: the replicated names under rank0.
   const impl::BatchOutcome run = engine.run(requests, bo.tensor_parallel > 1 ? static_cast<Observer&>(ranked) : writer);
   writer.mutable_manifest() = make_manifest(engine.producer(), "float32", model, o.model, sc);
-  if (bo.tensor_parallel > 1) writer.mutable_manifest().extra[tensor_parallel_key()] = tensor_parallel_json(bo.tensor_parallel);
+  if (bo.tensor_parallel > 1)
+    writer.mutable_manifest().extra[tensor_parallel_key()] = tensor_parallel_json(bo.tensor_parallel);
   writer.mutable_manifest().steps = run.iterations;
   writer.mutable_manifest().extra["kv_cache"] = engine.kv_cache_json(requests);
   if (!bo.precision.empty()) writer.mutable_manifest().extra["precision"] = bo.precision.json();
@@ -76,8 +77,9 @@ int run_batch_dump(const DumpOptions& o, const Model& model) {
       set_manifest_sampling(writer.mutable_manifest(), impl::sampling_for(bo, int(b)), int(b));
   }
   writer.finish();
-  fmt::print("wrote {} (impl continuous batching, {} sequences, {} engine iterations, {} token rows)\n", o.out,
-             requests.size(), run.iterations, run.rows);
+  fmt::print("wrote {} (impl continuous batching{}, {} sequences, {} engine iterations, {} token rows)\n", o.out,
+             bo.tensor_parallel > 1 ? " over " + std::to_string(bo.tensor_parallel) + " ranks" : "", requests.size(),
+             run.iterations, run.rows);
   return 0;
 }
 
@@ -114,7 +116,8 @@ int run_dump(const DumpOptions& o) {
   writer.finish();
   std::string gen;
   for (int64_t t : generated) gen += (gen.empty() ? "" : ",") + std::to_string(t);
-  fmt::print("wrote {} ({} engine, {}, {} forward calls; {} tokens {})\n", o.out, o.engine, engine->dtype_name(),
+  fmt::print("wrote {} ({} engine{}, {}, {} forward calls; {} tokens {})\n", o.out, o.engine,
+             ranks > 1 ? " over " + std::to_string(ranks) + " ranks" : "", engine->dtype_name(),
              sc.steps.size() + size_t(sc.decode), sc.sampling ? "sampled" : "greedy", gen);
   return 0;
 }

@@ -171,7 +171,8 @@ std::optional<Finding> explain_kv_cache(const BisectResult& r) {
 std::optional<Finding> explain_tensor_parallel(const BisectResult& r) {
   const std::optional<TensorParallelEvidence>& t = r.evidence.tensor_parallel;
   if (!t) return std::nullopt;
-  if (!t->bug.empty()) return zoo_bug(Hypothesis{t->bug, std::nullopt}, BugBasis::Fingerprint, zoo_description(t->bug), t->text);
+  if (!t->bug.empty())
+    return zoo_bug(Hypothesis{t->bug, std::nullopt}, BugBasis::Fingerprint, zoo_description(t->bug), t->text);
   if (t->fits.empty()) return std::nullopt;
   Finding f = zoo_bug(Hypothesis{t->fits.front(), std::nullopt}, BugBasis::Replay,
                       t->descriptions.empty() ? "" : t->descriptions.front(),

@@ -592,7 +592,7 @@ void Forward::gqa_attention(int l, const ForwardCall& call, KvStore& kv, Sites& 
       att.k = kv.read(l, KvStream::Key, s.kv);
       att.v = kv.read(l, KvStream::Value, s.kv);
       att.kv_head = rk.kv_read.data();
-      if (prec.weights || prec.flash_attention) att.product_rounding = prec.kv_cache;  // ggml multiplies in the cache's type
+      if (prec.weights || prec.flash_attention) att.product_rounding = prec.kv_cache;  // ggml: in the cache's type
       att.flash = prec.flash_attention;
       att.ctx = &b.ctx[size_t(s.row0 * q_dim)];
       attend(l, s, att, new_k, new_v, site);

@@ -412,7 +412,8 @@ WMat row_view(const WMat& m, int64_t r0, int64_t n) {
                        ") cuts a head of " + std::to_string(per_head) + " interleaved rows");
     v.interleaved_heads = n / per_head;
   }
-  const size_t row_bytes = m.quantized() ? ggml_row_bytes(m.quant, m.row_len()) : size_t(m.row_len()) * dtype_size(m.dtype);
+  const size_t row_bytes =
+      m.quantized() ? ggml_row_bytes(m.quant, m.row_len()) : size_t(m.row_len()) * dtype_size(m.dtype);
   v.data = static_cast<const uint8_t*>(m.data) + size_t(r0) * row_bytes;
   return v;
 }

@@ -145,7 +145,8 @@ std::string RankLayout::problem(const ModelConfig& m, int ranks) {
 
 RankLayout RankLayout::of(const ModelConfig& m, int ranks) {
   const std::string why = problem(m, ranks);
-  if (!why.empty()) throw UsageError("tensor parallel over " + std::to_string(ranks) + " ranks of " + m.source + ": " + why);
+  if (!why.empty())
+    throw UsageError("tensor parallel over " + std::to_string(ranks) + " ranks of " + m.source + ": " + why);
   RankLayout L;
   L.ranks = ranks;
   L.q_heads = m.num_attention_heads / ranks;
@@ -214,7 +215,8 @@ RankView::RankView(const TensorSource& source, const ModelConfig& m) : src_(sour
       expected[size_t(sp.axis)] = *extent;
       if (want != expected)
         throw ShapeError(source.label(), first,
-                         shape_str(expected) + " (" + shard_rule_name(sp.rule) + " of rank 0 of " + std::to_string(R) + ")",
+                         shape_str(expected) + " (" + shard_rule_name(sp.rule) + " of rank 0 of " +
+                             std::to_string(R) + ")",
                          shape_str(want));
     }
     for (int r = 1; r < R; ++r) {
