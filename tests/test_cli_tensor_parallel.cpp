@@ -29,6 +29,9 @@ namespace {
 const char* kCutDown = "rank*.step*.tokens,rank*.step*.layers.?.out,rank*.step*.logits,rank*.generated";
 const char* kRequests = "1,5,9,13,17,21,25@0:3;2,6,10@0:4;3,7,11,15,19@1:2;40,41,42,43@2:3";
 
+const char* kCutDownBatch =
+    "rank*.seq*.step*.tokens,rank*.seq*.step*.layers.?.out,rank*.seq*.step*.logits,rank*.seq*.generated,rank*.iter*";
+
 std::string tp_dump(const std::string& model, int ranks, const std::string& bug, bool cut, bool batch = false) {
   const std::string out = temp_path("tp-" + model + "-" + std::to_string(ranks) + "-" + (bug.empty() ? "clean" : bug) +
                                     (cut ? "-cut" : "") + (batch ? "-batch" : "") + ".safetensors");
@@ -39,7 +42,7 @@ std::string tp_dump(const std::string& model, int ranks, const std::string& bug,
   else
     args.insert(args.end(), {"--replay", golden_dump(model, "decode")});
   if (!bug.empty()) args.insert(args.end(), {"--inject", bug});
-  if (cut) args.insert(args.end(), {"--sites", kCutDown});
+  if (cut) args.insert(args.end(), {"--sites", batch ? kCutDownBatch : kCutDown});
   const CliRun r = run_cli(args);
   EXPECT_EQ(r.code, 0) << r.error;
   return out;
@@ -148,7 +151,8 @@ TEST(CliTensorParallel, EachBugIsLocalisedWhereItIsMadeAndNamedWithTheRank) {
 }
 
 // A batch served over 4 ranks: every sequence passes clean; a bug is named
-// in the first sequence that goes wrong.
+// in the first sequence that goes wrong, by its rank check from a full dump,
+// by the replay of the batch's schedule over the ranks from a cut-down one.
 TEST(CliTensorParallel, ABatchOverFourRanksIsJudgedSequenceBySequence) {
   int code = -1;
   auto j = bisect_json("qwen3-moe", tp_dump("qwen3-moe", 4, "", false, true), &code);
@@ -160,6 +164,14 @@ TEST(CliTensorParallel, ABatchOverFourRanksIsJudgedSequenceBySequence) {
   const auto& s = j["sequences"][0]["bisect"];
   EXPECT_EQ(s["localised_at"], "step0.layers.0.attn.k");
   EXPECT_EQ(s["diagnosis"]["bug"], "tp-kv-heads-split") << s["diagnosis"].dump(1);
+  EXPECT_EQ(s["diagnosis"]["basis"], "fingerprint") << s["diagnosis"].dump(1);
+  j = bisect_json("qwen3-moe", tp_dump("qwen3-moe", 4, "tp-allreduce-missing", true, true), &code);
+  EXPECT_EQ(code, 1);
+  ASSERT_EQ(j["first_divergent_sequence"], 0) << j.dump(1).substr(0, 3000);
+  const auto& cut = j["sequences"][0]["bisect"];
+  EXPECT_EQ(cut["localised_at"], "step0.layers.0.out");
+  EXPECT_EQ(cut["diagnosis"]["bug"], "tp-allreduce-missing") << cut["diagnosis"].dump(1);
+  EXPECT_EQ(cut["diagnosis"]["basis"], "replay") << cut["diagnosis"].dump(1);
 }
 
 // Unsharded, a run over 4 ranks is the single-rank run (diff reads both).
