@@ -16,6 +16,8 @@ std::unique_ptr<Engine> make_engine(const std::string& which, const Model& model
     if (!opt.precision.empty())
       throw UsageError("--precision applies to the impl engine only (the ref computes HF's numerics)");
     if (opt.kv_ring != 0) throw UsageError("--kv-ring applies to the impl engine only (the ref keeps every position)");
+    if (opt.tensor_parallel != 1)
+      throw UsageError("--tp applies to the impl engine only (the ref computes HF's single-device numerics)");
     ref::RefOptions r;
     r.dtype = opt.dtype.empty() ? model.config.default_dtype() : parse_compute_dtype(opt.dtype);
     r.threads = opt.threads;
@@ -32,6 +34,7 @@ std::unique_ptr<Engine> make_engine(const std::string& which, const Model& model
     o.mla = impl::parse_mla_form(opt.mla);
     o.precision = PrecisionProfile::parse(opt.precision);
     o.kv_ring = opt.kv_ring;
+    o.tensor_parallel = opt.tensor_parallel;
     for (const auto& b : opt.inject) o.bugs.push_back(zoo::parse_bug(b));
     return impl::make_impl_engine(model, o);
   }

@@ -21,6 +21,7 @@ struct EngineOptions {
   std::string mla = "naive";         // impl, MLA models: ImplOptions::mla ("naive" or "absorbed")
   std::string precision;             // impl: a PrecisionProfile::parse() spec ("" = none)
   int64_t kv_ring = 0;               // impl: ImplOptions::kv_ring (0 = contiguous cache)
+  int tensor_parallel = 1;           // impl: ImplOptions::tensor_parallel (ranks; 1 = none)
 };
 
 // "ref" or "impl"; throws UsageError otherwise (or for bugs given to the ref).

@@ -377,7 +377,8 @@ std::optional<compare::SamplingCheck> sampling_check(const TensorSource& cand, c
 
 }  // namespace
 
-compare::BisectResult bisect_candidate(const ModelOracles& m, const TensorSource& cand, BisectOptions opt) {
+compare::BisectResult bisect_candidate(const ModelOracles& m, const TensorSource& cand, BisectOptions opt,
+                                       const compare::Gather& more) {
   // Between phases, the heap's free memory goes back to the system: each
   // phase frees a model's worth of activations in pieces under the mmap
   // threshold (cli/main.cpp), which glibc would otherwise keep.
@@ -397,7 +398,10 @@ compare::BisectResult bisect_candidate(const ModelOracles& m, const TensorSource
     r.evidence.rounding = probe_ggml_rounding(m, cand, r);
     return true;
   };
-  compare::BisectResult r = bisect(cand, m.reference, &m.oracle, &hypotheses, opt, probe);
+  const compare::Gather gather = [&](compare::Need need, compare::BisectResult& r) {
+    return probe(need, r) || (more && more(need, r));
+  };
+  compare::BisectResult r = bisect(cand, m.reference, &m.oracle, &hypotheses, opt, gather);
   if (!precision.empty()) r.notes.push_back("precision profile declared by the candidate: " + precision.str() +
                                             " (the clean run makes the same roundings)");
   if (r.model.empty()) r.model = dir_name(m.dir);
@@ -418,6 +422,13 @@ compare::BatchBisect bisect_batch(const ModelOracles& m, const TensorSource& can
   const std::shared_ptr<const TensorSource> clean =
       opt.noise_floor || opt.diagnose ? clean_batch_replay(m, cand, &no_batch_clean) : nullptr;
   if (clean && opt.progress) opt.progress("clean replay of the batch");
+  return bisect_batch(m, cand, opt, clean, no_batch_clean, {});
+}
+
+compare::BatchBisect bisect_batch(const ModelOracles& m, const TensorSource& cand, BisectOptions opt,
+                                  std::shared_ptr<const TensorSource> clean, const std::string& no_batch_clean,
+                                  const std::function<compare::Gather(int seq)>& more) {
+  validate_iterations(cand);
   std::vector<compare::SequenceBisect> results;
   for (int b : dump_sequences(cand)) {
     const SequenceView view(cand, b);
@@ -430,7 +441,7 @@ compare::BatchBisect bisect_batch(const ModelOracles& m, const TensorSource& can
     });
     compare::SequenceBisect s;
     s.seq = b;
-    s.result = bisect_candidate(m, view, o);
+    s.result = bisect_candidate(m, view, o, more ? more(b) : compare::Gather{});
     if (!clean && !no_batch_clean.empty())
       s.result.notes.push_back("noise floor's second run: the clean impl running the sequence alone (" +
                                no_batch_clean + ")");

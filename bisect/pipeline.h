@@ -8,6 +8,7 @@
 // and the pipeline shared by `llmdiff bisect`, `llmdiff run` and the bench
 // (the passes it schedules: bisect/schedule.h).
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -98,7 +99,10 @@ struct ModelOracles {
 // probe of a quantised model (bisect/ggml_rounding.h) gathered when the
 // explainers reach it; the sampler check of a candidate that samples
 // (opt.check_sampling) and the quantisation table of opt.source added.
-compare::BisectResult bisect_candidate(const ModelOracles& m, const TensorSource& cand, BisectOptions opt);
+// `more` gathers evidence the pipeline does not know (a tensor-parallel
+// candidate's rank checks, bisect/tensor_parallel.h); may be empty.
+compare::BisectResult bisect_candidate(const ModelOracles& m, const TensorSource& cand, BisectOptions opt,
+                                       const compare::Gather& more = {});
 
 // bisect_candidate() of each sequence of a several-sequence dump
 // (dumps/contract/sequences.h), each against the reference running it alone, ordered
@@ -106,6 +110,12 @@ compare::BisectResult bisect_candidate(const ModelOracles& m, const TensorSource
 // explained again with the batch's evidence (the schedule's replay with each
 // batch bug, bisect/batch_replay.h), every sequence's sampler checked.
 compare::BatchBisect bisect_batch(const ModelOracles& m, const TensorSource& cand, BisectOptions opt);
+// The same with the noise floor's clean batch given (null: none; `no_clean`
+// then says why, or is empty for the clean impl running each sequence
+// alone), and `more(b)` gathering evidence for sequence b (may be empty).
+compare::BatchBisect bisect_batch(const ModelOracles& m, const TensorSource& cand, BisectOptions opt,
+                                  std::shared_ptr<const TensorSource> clean, const std::string& no_clean,
+                                  const std::function<compare::Gather(int seq)>& more);
 
 // `llmdiff run`'s candidate: the impl (with eo.inject's bugs) over `sc`,
 // recording the names matching `record` (full-name globs; empty: every site).

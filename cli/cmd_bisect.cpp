@@ -8,6 +8,8 @@
 #include "cli/commands.h"
 #include "cli/bisect_cli.h"
 #include "dumps/base/errors.h"
+#include "bisect/tensor_parallel.h"
+#include "dumps/contract/ranks.h"
 #include "dumps/contract/sequences.h"
 
 namespace llmdiff::cli {
@@ -33,6 +35,13 @@ int run_bisect(const BisectCommandOptions& o) {
   if (!o.layers.empty()) {
     opt.layers = parse_layer_window(o.layers, int(m.model.config.num_hidden_layers));
     if (!o.source.empty()) throw UsageError("--layers: --source compares every layer; run it without shards");
+  }
+  if (cand.manifest().extra.count(tensor_parallel_key())) {
+    // Tensor parallel: judged unsharded and rank by rank (bisect/tensor_parallel.h).
+    if (!o.source.empty()) throw UsageError("--source: a tensor-parallel candidate is not supported");
+    if (!dump_sequences(RankView(cand, m.model.config)).empty())
+      return emit_batch_bisect(bisect::bisect_tensor_parallel_batch(m, cand, opt), o.bisect);
+    return emit_bisect(bisect::bisect_tensor_parallel(m, cand, opt), o.bisect);
   }
   if (!dump_sequences(cand).empty()) {
     // Several sequences: each bisected against the reference running it alone.

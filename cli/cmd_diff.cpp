@@ -14,6 +14,7 @@
 #include "compare/report_html.h"
 #include "dumps/model/config.h"
 #include "dumps/contract/dump.h"
+#include "dumps/contract/ranks.h"
 #include "dumps/base/errors.h"
 
 namespace llmdiff::cli {
@@ -39,7 +40,11 @@ int run_diff(const DiffOptions& o) {
   co.sites = compare::split_list(o.sites);
   co.explain_layouts = !o.no_layouts;
 
-  DumpFile ref(o.ref), cand(o.cand);
+  const DumpFile ref_file(o.ref), cand_file(o.cand);
+  // A tensor-parallel dump compares unsharded (dumps/contract/ranks.h).
+  const std::unique_ptr<RankView> ref_ranks = unsharded(ref_file), cand_ranks = unsharded(cand_file);
+  const TensorSource& ref = ref_ranks ? static_cast<const TensorSource&>(*ref_ranks) : ref_file;
+  const TensorSource& cand = cand_ranks ? static_cast<const TensorSource&>(*cand_ranks) : cand_file;
   // Without tolerances given, float32 is judged against each tensor's scale
   // (a correct engine's float32 rounding passes); 16-bit dtypes by allclose
   // at their default tolerances.

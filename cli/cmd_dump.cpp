@@ -3,6 +3,7 @@
 //   [--sites GLOB,...] --out FILE
 // llmdiff dump --engine impl --model DIR --batch 'PROMPT[@JOIN][:DECODE];...' [--block-size B]
 //   [--num-blocks N] [--chunk C] [--inject BUG]... [--precision ...] [--mla naive|absorbed] --out FILE
+// --tp R (impl, also with --batch): tensor parallelism over R ranks, each rank's names under rank{r}.
 // Runs a scenario through one engine and streams every canonical
 // intermediate into an llm-dump/1 file.
 #include <fmt/core.h>
@@ -10,6 +11,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "dumps/base/errors.h"
+#include "dumps/contract/ranks.h"
 #include "dumps/zoo/bugs.h"
 #include "impl/batch_engine.h"
 
@@ -61,6 +63,7 @@ int run_batch_dump(const DumpOptions& o, const Model& model) {
   bo.bucket = o.bucket;
   bo.mla = impl::parse_mla_form(o.engine_opts.mla);
   bo.precision = PrecisionProfile::parse(o.engine_opts.precision);
+  bo.tensor_parallel = o.engine_opts.tensor_parallel;
   if (o.engine_opts.kv_ring > 0) throw UsageError("--batch serves the sequences from a paged KV cache: no --kv-ring");
   for (const std::string& b : o.engine_opts.inject) bo.bugs.push_back(zoo::parse_bug(b));
   if (!o.sample.empty()) bo.sampling = SamplingParams::parse(o.sample);
@@ -70,8 +73,11 @@ int run_batch_dump(const DumpOptions& o, const Model& model) {
   if (!o.sites.empty()) writer.set_filter(split_list(o.sites));
   Scenario sc;
   sc.name = "batch";
-  const impl::BatchOutcome run = engine.run(requests, writer);
+  RankZeroNames ranked(writer);  // tensor parallel: the replicated names under rank0.
+  const impl::BatchOutcome run = engine.run(requests, bo.tensor_parallel > 1 ? static_cast<Observer&>(ranked) : writer);
   writer.mutable_manifest() = make_manifest(engine.producer(), "float32", model, o.model, sc);
+  if (bo.tensor_parallel > 1)
+    writer.mutable_manifest().extra[tensor_parallel_key()] = tensor_parallel_json(bo.tensor_parallel);
   writer.mutable_manifest().steps = run.iterations;
   writer.mutable_manifest().extra["kv_cache"] = engine.kv_cache_json(requests);
   if (!bo.precision.empty()) writer.mutable_manifest().extra["precision"] = bo.precision.json();
@@ -82,8 +88,9 @@ int run_batch_dump(const DumpOptions& o, const Model& model) {
       set_manifest_sampling(writer.mutable_manifest(), impl::sampling_for(bo, int(b)), int(b));
   }
   writer.finish();
-  fmt::print("wrote {} (impl continuous batching, {} sequences, {} engine iterations, {} token rows)\n", o.out,
-             requests.size(), run.iterations, run.rows);
+  fmt::print("wrote {} (impl continuous batching{}, {} sequences, {} engine iterations, {} token rows)\n", o.out,
+             bo.tensor_parallel > 1 ? " over " + std::to_string(bo.tensor_parallel) + " ranks" : "", requests.size(),
+             run.iterations, run.rows);
   return 0;
 }
 
@@ -113,11 +120,15 @@ int run_dump(const DumpOptions& o) {
   if (!o.sites.empty()) writer.set_filter(split_list(o.sites));
   writer.mutable_manifest() = make_manifest(*engine, model, o.model, sc);
   if (sc.sampling) set_manifest_sampling(writer.mutable_manifest(), *sc.sampling);
-  std::vector<int64_t> generated = run_scenario(*engine, sc, writer);
+  const int ranks = eo.tensor_parallel;
+  if (ranks > 1) writer.mutable_manifest().extra[tensor_parallel_key()] = tensor_parallel_json(ranks);
+  RankZeroNames ranked(writer);  // tensor parallel: the replicated names under rank0.
+  std::vector<int64_t> generated = run_scenario(*engine, sc, ranks > 1 ? static_cast<Observer&>(ranked) : writer);
   writer.finish();
   std::string gen;
   for (int64_t t : generated) gen += (gen.empty() ? "" : ",") + std::to_string(t);
-  fmt::print("wrote {} ({} engine, {}, {} forward calls; {} tokens {})\n", o.out, o.engine, engine->dtype_name(),
+  fmt::print("wrote {} ({} engine{}, {}, {} forward calls; {} tokens {})\n", o.out, o.engine,
+             ranks > 1 ? " over " + std::to_string(ranks) + " ranks" : "", engine->dtype_name(),
              sc.steps.size() + size_t(sc.decode), sc.sampling ? "sampled" : "greedy", gen);
   return 0;
 }
@@ -153,6 +164,12 @@ void setup_dump(CLI::App& app, Action& action) {
                   "matmul_input=f16|bf16|q8_0|q8_k (every matmul input rounded so) or ggml (as llama.cpp's CPU "
                   "backend: 16-bit inputs for 16-bit weights, 8-bit blocks for quantised ones); written to the "
                   "manifest (key precision)");
+  sub->add_option("--tp", o->engine_opts.tensor_parallel,
+                  "impl: tensor parallelism over this many ranks in one process (also with --batch): each rank "
+                  "computes its shard (its query and kv heads, its columns of every MLP) and the ranks' partial "
+                  "sums are all-reduced after o_proj and the MLP; writes rank{r}.* and the manifest key "
+                  "tensor_parallel (default 1: none)")
+      ->check(CLI::PositiveNumber);
   sub->add_option("--sample", o->sample,
                   "draw the tokens with HF's logits processors instead of the argmax, e.g. "
                   "temperature=0.7,top_k=40,top_p=0.9,min_p=0.05,repetition_penalty=1.3,seed=1 (HF generate's "

@@ -13,6 +13,7 @@
 #include "dumps/base/files.h"
 #include "dumps/base/blas_core.h"
 #include "dumps/base/errors.h"
+#include "dumps/contract/ranks.h"
 
 namespace llmdiff::cli {
 
@@ -52,7 +53,9 @@ Scenario scenario_from_options(const std::string& tokens, const std::string& rep
   if (tokens.empty() == replay.empty()) throw UsageError("give exactly one of --tokens or --replay");
   if (!replay.empty()) {
     if (!chunks.empty()) throw UsageError("--chunks cannot be combined with --replay (the dump's own steps are used)");
-    Scenario sc = replay_scenario(DumpFile(replay));
+    const DumpFile file(replay);
+    const std::unique_ptr<RankView> ranks = unsharded(file);  // a tensor-parallel dump's calls
+    Scenario sc = replay_scenario(ranks ? static_cast<const TensorSource&>(*ranks) : file);
     if (decode > 0) {
       sc.decode = decode;
       sc.emit_generated = true;

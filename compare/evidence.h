@@ -16,7 +16,7 @@ namespace llmdiff::compare {
 // it (each costs engine runs): the zoo's diagnosis (hypothesis replays,
 // fingerprints, error signatures), the run with a precision profile's
 // roundings, the replay of a batch's schedule with each batch bug.
-enum class Need { Nothing, Diagnosis, Rounding, BatchReplay };
+enum class Need { Nothing, Diagnosis, Rounding, BatchReplay, TensorParallel };
 
 // A float32 candidate that diverges, judged again at the 16-bit dtype its
 // weights are stored in (an engine rounding its matmul inputs to it).
@@ -78,6 +78,27 @@ struct BatchReplayEvidence {
   std::string tried;               // per bug: "name agree/compared"
 };
 
+// A tensor-parallel candidate (docs/DUMP_FORMAT.md "Tensor parallelism")
+// judged rank by rank (compare/tensor_parallel.h): exact evidence at an
+// all-reduce or a rank's shard, else the candidate's calls replayed over
+// its ranks with each tensor-parallel bug of the zoo.
+struct TensorParallelEvidence {
+  int ranks = 0;
+  // The rank check that found the bug: the zoo's bug, the name (canonical,
+  // unsharded) where it shows, the rank it is about (-1: every rank), and
+  // what was measured. Empty bug: every check passed or none applied.
+  std::string bug, at, text;
+  int rank = -1;
+  // The replay with each tensor-parallel bug (made when no check speaks):
+  // those reproducing every diverging name, the first fit's numbers, and
+  // per bug "name agree/compared".
+  std::vector<std::string> fits, descriptions;
+  int compared = 0;
+  double worst = 0;
+  std::string tried;
+  bool replayed = false;
+};
+
 struct Evidence {
   std::vector<Need> gathered;    // the needs gathered so far (a refused one may be asked again)
   bool diagnosed = false;        // the zoo's hypotheses were tested (BisectResult::diagnosis)
@@ -87,6 +108,7 @@ struct Evidence {
   std::optional<RoundingProbe> rounding;
   std::optional<BlockReuse> block_reuse;
   std::optional<BatchReplayEvidence> batch_replay;
+  std::optional<TensorParallelEvidence> tensor_parallel;
 };
 
 }  // namespace llmdiff::compare

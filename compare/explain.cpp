@@ -76,6 +76,9 @@ std::string nothing_fits_evidence(const BisectResult& r) {
     if (!hints.empty()) s += "; hints: " + joined(hints, "; ");
     if (d.ranked.empty()) s += " (no hypotheses were tested: no model to replay)";
   }
+  if (const auto& t = r.evidence.tensor_parallel; t && t->replayed && t->fits.empty())
+    s += "; replaying the candidate's calls over its " + std::to_string(t->ranks) +
+         " ranks with each tensor-parallel bug reproduces none of them (diverging names reproduced: " + t->tried + ")";
   if (const auto& b = r.evidence.batch_replay; b && b->fits.empty())
     s += "; replaying the batch's " + std::to_string(b->iterations) +
          " engine iterations with each batch bug reproduces none of them (diverging names reproduced: " + b->tried +
@@ -160,6 +163,24 @@ std::optional<Finding> explain_kv_cache(const BisectResult& r) {
   }
   Finding f = declaration(Declaration::KvCache, evidence);
   f.dtype = k->stored_as;
+  return f;
+}
+
+// A tensor-parallel candidate: a rank check's exact finding names the bug
+// with the rank; else the replay over its ranks that reproduces it.
+std::optional<Finding> explain_tensor_parallel(const BisectResult& r) {
+  const std::optional<TensorParallelEvidence>& t = r.evidence.tensor_parallel;
+  if (!t) return std::nullopt;
+  if (!t->bug.empty())
+    return zoo_bug(Hypothesis{t->bug, std::nullopt}, BugBasis::Fingerprint, zoo_description(t->bug), t->text);
+  if (t->fits.empty()) return std::nullopt;
+  Finding f = zoo_bug(Hypothesis{t->fits.front(), std::nullopt}, BugBasis::Replay,
+                      t->descriptions.empty() ? "" : t->descriptions.front(),
+                      "replaying the candidate's forward calls through the impl over its " + std::to_string(t->ranks) +
+                          " ranks with " + t->fits.front() + " reproduces its " + std::to_string(t->compared) +
+                          " diverging names (worst " + sig::num(t->worst) + " of the agreement threshold); per bug: " +
+                          t->tried);
+  for (size_t k = 1; k < t->fits.size(); ++k) f.ambiguous.push_back(t->fits[k]);
   return f;
 }
 
@@ -312,6 +333,7 @@ const std::vector<Explainer>& explainers() {
       {"ring wrap", Need::Nothing, explain_ring_wrap},
       {"weights dtype", Need::Nothing, explain_weights_dtype},
       {"KV cache", Need::Nothing, explain_kv_cache},
+      {"tensor parallel", Need::TensorParallel, explain_tensor_parallel},
       {"zoo bug by runs", Need::Diagnosis, explain_zoo_by_runs},
       {"zoo bug by fingerprint", Need::Diagnosis, explain_zoo_by_fingerprint},
       {"block reuse", Need::Nothing, explain_block_reuse},

@@ -9,6 +9,7 @@
 //   ring wrap            the error starts where a ring KV cache wrapped
 //   weights dtype        a float32 candidate computing at its weights' 16-bit dtype
 //   KV cache             a 16-bit KV cache by design (llama.cpp's F16 cache)
+//   tensor parallel      a rank's shard or an all-reduce of a tensor-parallel candidate (exact), or its replay
 //   zoo bug by runs      a hypothesis the replay and/or local recompute support
 //   zoo bug by fingerprint  decisive structural evidence alone
 //   block reuse          a paged block in two live sequences' tables (batches)
@@ -58,6 +59,7 @@ std::optional<Finding> explain_passes(const BisectResult& r);
 std::optional<Finding> explain_ring_wrap(const BisectResult& r);
 std::optional<Finding> explain_weights_dtype(const BisectResult& r);
 std::optional<Finding> explain_kv_cache(const BisectResult& r);
+std::optional<Finding> explain_tensor_parallel(const BisectResult& r);
 std::optional<Finding> explain_zoo_by_runs(const BisectResult& r);
 std::optional<Finding> explain_zoo_by_fingerprint(const BisectResult& r);
 std::optional<Finding> explain_block_reuse(const BisectResult& r);

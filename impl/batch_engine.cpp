@@ -164,6 +164,7 @@ ForwardOptions forward_options(const BatchEngineOptions& o) {
   f.release_weights = o.release_weights;
   f.mla = o.mla;
   f.precision = o.precision;
+  f.tensor_parallel = o.tensor_parallel;
   return f;
 }
 

@@ -102,6 +102,7 @@ struct BatchEngineOptions {
   // Each call's rows padded with rows of no sequence up to a multiple of
   // this (a captured graph's bucket; 0: none), iter{N}.padded_rows reported.
   int64_t bucket = 0;
+  int tensor_parallel = 1;         // ranks (ImplOptions::tensor_parallel)
   // Tokens drawn with HF's logits processors instead of the argmax: sequence
   // b with these parameters and the seed seed + b (sampling_for), its own
   // draws and token history, step{N}.sample.* reported under seq{b}.

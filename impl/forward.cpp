@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "dumps/base/errors.h"
+#include "dumps/contract/ranks.h"
 #include "dumps/contract/sequences.h"
 #include "dumps/contract/sites.h"
 #include "impl/cache_views.h"
@@ -57,16 +58,28 @@ MlaForm parse_mla_form(const std::string& text) {
 // ---- reporting
 
 // Reports a call's intermediates under each sequence's canonical names:
-// a packed tensor [R, ...] as each sequence's rows [T, ...].
+// a packed tensor [R, ...] as each sequence's rows [T, ...]. With tensor
+// parallelism, the tensors of the rank set by at_rank(): its shards under
+// rank{r}. (dumps/contract/ranks.h), the replicated names from rank 0 only.
 class Forward::Sites {
  public:
-  Sites(Observer& obs, const ForwardCall& call) : obs_(obs), call_(call) {}
+  Sites(Observer& obs, const ForwardCall& call, const ModelConfig& c, int ranks)
+      : obs_(obs), call_(call), sharded_(site_table().size(), false) {
+    if (ranks > 1)
+      for (const SiteInfo& i : site_table()) sharded_[size_t(i.id)] = shard_spec(i.id, c).sharded();
+  }
   Observer& observer() { return obs_; }
-  std::string name(const SequenceRows& s, Site site) const { return prefix(s) + step_name(s.step, site); }
-  std::string name(const SequenceRows& s, int l, Site site) const { return prefix(s) + layer_name(s.step, l, site); }
-  bool wants(const SequenceRows& s, Site site) const { return s.reported() && obs_.wants(name(s, site)); }
-  bool wants(const SequenceRows& s, int l, Site site) const { return s.reported() && obs_.wants(name(s, l, site)); }
-  // packed [R, inner...]: each sequence's [T, inner...]
+  void at_rank(int r) { rank_ = r; }
+  // The full name; "" for a name this rank does not report.
+  std::string name(const SequenceRows& s, Site site) const {
+    return skipped(site) ? "" : prefix(s, site) + step_name(s.step, site);
+  }
+  std::string name(const SequenceRows& s, int l, Site site) const {
+    return skipped(site) ? "" : prefix(s, site) + layer_name(s.step, l, site);
+  }
+  bool wants(const SequenceRows& s, Site site) const { return s.reported() && on(name(s, site)); }
+  bool wants(const SequenceRows& s, int l, Site site) const { return s.reported() && on(name(s, l, site)); }
+  // packed [R, inner...]: each reported sequence's [T, inner...]
   void rows(Site site, const Shape& inner, const float* packed) {
     for (const SequenceRows& s : call_.seqs)
       if (s.reported()) emit(name(s, site), s, inner, packed);
@@ -78,15 +91,14 @@ class Forward::Sites {
   void rows(Site site, int64_t width, const float* packed) { rows(site, Shape{width}, packed); }
   void rows(int l, Site site, int64_t width, const float* packed) { rows(l, site, Shape{width}, packed); }
   void rows_i64(int l, Site site, int64_t width, const int64_t* packed) {
-    for (const SequenceRows& s : call_.seqs)
-      if (s.reported()) i64(s, l, site, {s.T, width}, packed + s.row0 * width);
+    for (const SequenceRows& s : call_.seqs) i64(s, l, site, {s.T, width}, packed + s.row0 * width);  // reported ones
   }
   // packed [R, H*Dh]: each sequence's [H, T, Dh] (transposed only when wanted)
   void head_major(int l, Site site, const float* packed, int64_t H, int64_t Dh) {
     for (const SequenceRows& s : call_.seqs) {
       if (!s.reported()) continue;
       const std::string n = name(s, l, site);
-      if (!obs_.wants(n)) continue;
+      if (!on(n)) continue;
       std::vector<float> out(size_t(H * s.T * Dh));  // [H, T, Dh]
       for (int64_t h = 0; h < H; ++h)
         for (int64_t t = 0; t < s.T; ++t)
@@ -109,9 +121,13 @@ class Forward::Sites {
   }
 
  private:
-  std::string prefix(const SequenceRows& s) const { return call_.batched ? sequence_prefix(s.seq) : ""; }
+  bool on(const std::string& n) const { return !n.empty() && obs_.wants(n); }
+  bool skipped(Site site) const { return rank_ > 0 && !sharded_[size_t(site)]; }
+  std::string prefix(const SequenceRows& s, Site site) const {
+    return (sharded_[size_t(site)] ? rank_prefix(rank_) : "") + (call_.batched ? sequence_prefix(s.seq) : "");
+  }
   void emit(const std::string& n, const SequenceRows& s, const Shape& inner, const float* packed) {
-    if (!obs_.wants(n)) return;
+    if (!on(n)) return;
     Shape shape{s.T};
     int64_t width = 1;
     for (int64_t d : inner) shape.push_back(d), width *= d;
@@ -119,16 +135,18 @@ class Forward::Sites {
   }
   Observer& obs_;
   const ForwardCall& call_;
+  std::vector<bool> sharded_;  // by Site: a rank's shard (tensor parallel only)
+  int rank_ = 0;
 };
 
-// The buffers of one forward call over R rows, kept between calls so that a
-// decode step allocates nothing: each is resized (within its capacity after
-// the first call of that length) and zeroed.
+// A rank's buffers of one forward call over R rows (its heads Hq, Hkv and
+// columns F: the whole model's without tensor parallelism), kept between
+// calls so that a decode step allocates nothing: each is resized (within
+// its capacity after the first call of that length) and zeroed.
 struct Forward::Buffers {
-  std::vector<float> cos, sin;          // [R, Dh]
   std::vector<float> x, xn;             // [R, D] residual stream, normed input
   std::vector<float> q, k, v, ctx;      // [R, Hq*Dk], [R, Hkv*Dk], [R, Hkv*Dvh], [R, Hq*Dvh]
-  std::vector<float> proj;              // [R, D] attn.out / mlp.down / moe.out
+  std::vector<float> proj;              // [R, D] attn.out / mlp.down / moe.out (a rank's partial sum)
   std::vector<float> gate, up, act;     // [R, F] of any MLP
   // MLA
   std::vector<float> q_a;               // [R, Rq]
@@ -145,25 +163,33 @@ struct Forward::Buffers {
   std::vector<float> expert_out;                   // [R, K, D]
   std::vector<float> expert_in, expert_y;          // [n, D] rows routed to one expert, and their output
   std::vector<float> routed, shared;               // [R, D]
-  // attention with the rows of other sequences in front (packed-cross-attention)
-  std::vector<float> keys, values, mask;
 
-  // Every buffer sized for a call of R rows and zeroed.
-  void prepare(const ModelConfig& c, bool absorbed, int64_t R);
+  // Every buffer sized for rank `k`'s part of a call of R rows, and zeroed.
+  void prepare(const ModelConfig& c, const RankShard& k, int ranks, bool absorbed, int64_t R);
 };
 
-void Forward::Buffers::prepare(const ModelConfig& c, bool absorbed, int64_t R) {
-  const int64_t D = c.hidden_size, Dh = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+// One rank (the only one without tensor parallelism): its shard of the
+// weights, the kv head each of its query heads reads, its buffers.
+struct Forward::Rank {
+  int rank = 0;
+  const RankShard* shard = nullptr;
+  std::vector<int> kv_read;      // [Hq_r]: the KV store slot (kv head) each query head reads
+  std::vector<int> latent_read;  // [Hq_r]: absorbed MLA: the rank's own copy of the latent
+  Buffers b;
+};
+
+void Forward::Buffers::prepare(const ModelConfig& c, const RankShard& rank, int ranks, bool absorbed, int64_t R) {
+  const int64_t D = c.hidden_size, Dh = c.head_dim, Hq = rank.q_heads, Hkv = rank.kv_heads;
   const bool mla = c.mla.enabled;
   const int64_t Rq = c.mla.q_lora_rank, Rkv = c.mla.kv_lora_rank;
   const int64_t Dn = c.mla.qk_nope_head_dim, Dr = c.mla.qk_rope_head_dim, Dv = c.mla.v_head_dim;
   const int64_t Lw = Rkv + Dr;
   // Attention widths: a query/key head of Dk, a value head of Dvh.
   const int64_t Dk = mla ? Dn + Dr : Dh, Dvh = mla ? Dv : Dh;
-  const int64_t Fmax = std::max({c.intermediate_size, c.moe.intermediate_size, c.moe.shared_intermediate_size});
+  const int64_t Fmax =
+      (std::max({c.intermediate_size, c.moe.intermediate_size, c.moe.shared_intermediate_size}) + ranks - 1) / ranks;
   const int64_t E = c.moe.num_experts, K = c.moe.top_k;
   const bool moe = c.moe.enabled();
-  zeroed(cos, R * Dh), zeroed(sin, R * Dh);
   zeroed(x, R * D), zeroed(xn, R * D);
   zeroed(q, R * Hq * Dk);
   zeroed(k, absorbed ? 0 : R * Hkv * Dk), zeroed(v, absorbed ? 0 : R * Hkv * Dvh);
@@ -183,20 +209,46 @@ void Forward::Buffers::prepare(const ModelConfig& c, bool absorbed, int64_t R) {
 
 // ---- construction
 
+namespace {
+
+const ModelWeights& loaded(const Model& model) {
+  if (!model.weights) throw UsageError("impl: model '" + model.config.source + "' has no weights loaded");
+  return *model.weights;
+}
+
+// The bugs that change the forward pass (the sampler's act outside it),
+// checked against the model.
+std::vector<zoo::BugSpec> forward_bugs(const std::vector<zoo::BugSpec>& bugs, const ModelConfig& c) {
+  std::vector<zoo::BugSpec> out;
+  for (const zoo::BugSpec& b : bugs)
+    if (!zoo::bug_info(b.bug).is_sampler()) out.push_back(b);
+  zoo::check_bugs(out, c);
+  return out;
+}
+
+}  // namespace
+
 Forward::Forward(const Model& model, const ForwardOptions& opt)
     : cfg_(model.config), weights_(model.weights), opt_(opt),
-      absorbed_(model.config.mla.enabled && opt.mla == MlaForm::Absorbed), pool_(opt.threads),
-      buf_(std::make_unique<Buffers>()) {
-  if (!weights_) throw UsageError("impl: model '" + model.config.source + "' has no weights loaded");
-  std::vector<zoo::BugSpec> forward_bugs;  // the sampler's bugs act outside the forward pass
-  for (const zoo::BugSpec& b : opt.bugs)
-    if (!zoo::bug_info(b.bug).is_sampler()) forward_bugs.push_back(b);
-  zoo::check_bugs(forward_bugs, cfg_);
-  faults_ = zoo::apply_bugs(forward_bugs, cfg_);
-  batch_faults_ = zoo::batch_faults(forward_bugs);
-  const int64_t Hq = cfg_.num_attention_heads, Hkv = cfg_.num_key_value_heads;
-  for (int64_t h = 0; h < Hq; ++h) kv_head_.push_back(int(faults_.repeat_kv_tile ? h % Hkv : h / (Hq / Hkv)));
-  latent_head_.assign(size_t(Hq), 0);
+      absorbed_(model.config.mla.enabled && opt.mla == MlaForm::Absorbed),
+      tp_(model.config, loaded(model), opt.tensor_parallel, zoo::tp_faults(forward_bugs(opt.bugs, model.config))),
+      pool_(opt.threads) {
+  const std::vector<zoo::BugSpec> bugs = forward_bugs(opt.bugs, cfg_);
+  faults_ = zoo::apply_bugs(bugs, cfg_);
+  batch_faults_ = zoo::batch_faults(bugs);
+  tp_faults_ = zoo::tp_faults(bugs);
+  // Each rank's query head h reads kv head h / (Hq/Hkv) of the rank's own
+  // (repeat-kv-tile: h mod Hkv), at its slot in the KV store's rows.
+  ranks_.resize(size_t(tp_.ranks()));
+  for (int r = 0; r < tp_.ranks(); ++r) {
+    Rank& rk = ranks_[size_t(r)];
+    rk.rank = r;
+    rk.shard = &tp_.rank(r);
+    const int64_t Hq = rk.shard->q_heads, Hkv = rk.shard->kv_heads;
+    for (int64_t h = 0; h < Hq; ++h)
+      rk.kv_read.push_back(int(rk.shard->kv_slot0 + (faults_.repeat_kv_tile ? h % Hkv : h / (Hq / Hkv))));
+    rk.latent_read.assign(size_t(Hq), r);
+  }
 }
 
 Forward::~Forward() = default;
@@ -204,16 +256,17 @@ Forward::~Forward() = default;
 KvWidths Forward::kv_widths() const {
   const ModelConfig& c = cfg_;
   KvWidths w;
+  const int64_t slots = tp_.kv_slots();  // every rank's kv heads side by side
   if (!c.mla.enabled) {
-    w.of[size_t(KvStream::Key)] = c.num_key_value_heads * c.head_dim;
-    w.of[size_t(KvStream::Value)] = c.num_key_value_heads * c.head_dim;
+    w.of[size_t(KvStream::Key)] = slots * c.head_dim;
+    w.of[size_t(KvStream::Value)] = slots * c.head_dim;
     return w;
   }
   const MlaConfig& a = c.mla;
-  w.of[size_t(KvStream::Latent)] = a.kv_lora_rank + a.qk_rope_head_dim;
+  w.of[size_t(KvStream::Latent)] = tp_.ranks() * (a.kv_lora_rank + a.qk_rope_head_dim);  // a copy per rank
   if (!absorbed_) {
-    w.of[size_t(KvStream::Key)] = c.num_key_value_heads * (a.qk_nope_head_dim + a.qk_rope_head_dim);
-    w.of[size_t(KvStream::Value)] = c.num_key_value_heads * a.v_head_dim;
+    w.of[size_t(KvStream::Key)] = slots * (a.qk_nope_head_dim + a.qk_rope_head_dim);
+    w.of[size_t(KvStream::Value)] = slots * a.v_head_dim;
   }
   return w;
 }
@@ -222,6 +275,7 @@ std::string Forward::describe() const {
   std::string p = "plain C++, float32 activations";
   if (cfg_.mla.enabled) p += std::string(", ") + mla_form_name(absorbed_ ? MlaForm::Absorbed : MlaForm::Naive) + " MLA";
   if (!opt_.precision.empty()) p += ", precision " + opt_.precision.str();
+  if (tp_.ranks() > 1) p += ", tensor parallel over " + std::to_string(tp_.ranks()) + " ranks";
   return p;
 }
 
@@ -281,14 +335,50 @@ void Forward::mm(const float* x, int64_t T, const std::vector<MatmulJob>& jobs) 
   }
 }
 
-void Forward::swiglu(const MlpWeights& m, const float* x, int64_t n, float* gate, float* up, float* act, float* out) {
-  const int64_t F = m.gate.shape[0];
-  mm(x, n, {{wmat(m.gate), gate}, {wmat(m.up), up}});  // [n, F] each
+void Forward::swiglu(const MlpShard& m, const float* x, int64_t n, float* gate, float* up, float* act, float* out) {
+  const int64_t F = m.F;
+  mm(x, n, {{m.gate, gate}, {m.up, up}});  // [n, F] each
   if (faults_.gate_up_swap)
     silu_mul(pool_, up, gate, n * F, act);  // [n, F]
   else
     silu_mul(pool_, gate, up, n * F, act);  // [n, F]
-  mm(act, n, wmat(m.down), out);  // [n, D]
+  mm(act, n, m.down, out);  // [n, D]
+}
+
+// ---- tensor parallelism: the ranks side by side, the all-reduce
+
+const float* Forward::side_by_side(std::vector<float> Buffers::*part, int64_t R, int64_t per_rank,
+                                   std::vector<float>& out) {
+  if (ranks_.size() == 1) return (ranks_[0].b.*part).data();
+  const int64_t n = int64_t(ranks_.size());
+  out.resize(size_t(R * n * per_rank));  // [R, ranks * per_rank]
+  for (int64_t t = 0; t < R; ++t)
+    for (int64_t r = 0; r < n; ++r)
+      std::copy_n(&(ranks_[size_t(r)].b.*part)[size_t(t * per_rank)], per_rank, &out[size_t((t * n + r) * per_rank)]);
+  return out.data();
+}
+
+void Forward::add_all_reduced(int64_t n, bool ffn) {
+  if (ranks_.size() == 1) {  // one rank: its output is the whole sum
+    Buffers& b = ranks_[0].b;
+    add(b.x.data(), b.proj.data(), n, b.x.data());  // [R, D]
+    return;
+  }
+  if (tp_faults_.allreduce_missing) {  // tp-allreduce-missing: each rank goes on with its own partial sum
+    for (Rank& rk : ranks_) add(rk.b.x.data(), rk.b.proj.data(), n, rk.b.x.data());
+    return;
+  }
+  std::vector<const float*> parts;
+  for (const Rank& rk : ranks_) parts.push_back(rk.b.proj.data());
+  reduced_.resize(size_t(n));
+  all_reduce(parts, n, reduced_.data());  // [R, D]: Σ_r proj_r in rank order
+  if (ffn && tp_faults_.allreduce_twice) {  // tp-allreduce-twice: the reduced sum reduced again
+    parts.assign(ranks_.size(), reduced_.data());
+    reduced_again_.resize(size_t(n));
+    all_reduce(parts, n, reduced_again_.data());
+    reduced_.swap(reduced_again_);
+  }
+  for (Rank& rk : ranks_) add(rk.b.x.data(), reduced_.data(), n, rk.b.x.data());  // [R, D]
 }
 
 // ---- the forward call
@@ -296,12 +386,12 @@ void Forward::swiglu(const MlpWeights& m, const float* x, int64_t n, float* gate
 std::vector<float> Forward::run(const ForwardCall& call, KvStore& kv, Observer& obs) {
   const ModelConfig& c = cfg_;
   const ModelWeights& w = *weights_;
-  Buffers& b = *buf_;
   const int64_t R = call.rows(), D = c.hidden_size, Dh = c.head_dim;
   if (call.seqs.empty() || R == 0) throw UsageError("impl: a forward call needs at least one token");
-  Sites site(obs, call);
+  Sites site(obs, call, c, tp_.ranks());
 
-  b.prepare(c, absorbed_, R);
+  for (Rank& rk : ranks_) rk.b.prepare(c, *rk.shard, tp_.ranks(), absorbed_, R);
+  zeroed(cos_, R * Dh), zeroed(sin_, R * Dh);
 
   // Per sequence: its RoPE tables (dynamic NTK follows each sequence's
   // largest position) into the packed cos/sin [R, Dh].
@@ -312,12 +402,12 @@ std::vector<float> Forward::run(const ForwardCall& call, KvStore& kv, Observer& 
       inv_freq = false;
       if (obs.wants("rope.inv_freq")) obs.on_f32("rope.inv_freq", {Dh / 2}, freqs.inv_freq.data());
     }
-    rope_tables(freqs, s.positions, Dh, &b.cos[size_t(s.row0 * Dh)], &b.sin[size_t(s.row0 * Dh)]);
+    rope_tables(freqs, s.positions, Dh, &cos_[size_t(s.row0 * Dh)], &sin_[size_t(s.row0 * Dh)]);
     site.i64(s, Site::Tokens, {s.T}, s.tokens.data());
     site.i64(s, Site::Positions, {s.T}, s.positions.data());
   }
-  site.rows(Site::RopeCos, Dh, b.cos.data());
-  site.rows(Site::RopeSin, Dh, b.sin.data());
+  site.rows(Site::RopeCos, Dh, cos_.data());
+  site.rows(Site::RopeSin, Dh, sin_.data());
   for (const SequenceRows& s : call.seqs) {
     site.f32(s, Site::Mask, {s.T, s.kv.context}, s.mask.data());  // [T, S]
     if (!kv.paged() || !s.reported()) continue;
@@ -331,7 +421,7 @@ std::vector<float> Forward::run(const ForwardCall& call, KvStore& kv, Observer& 
 
   // The layers this call runs: all, or a shard's.
   const int first = call.first_layer, end = call.end_layer < 0 ? int(c.num_hidden_layers) : call.end_layer;
-  std::vector<float>& x = b.x;  // [R, D] residual stream
+  std::vector<float>& x = ranks_[0].b.x;  // [R, D] residual stream
   if (first == 0) {
     for (const SequenceRows& s : call.seqs)
       for (int64_t t = 0; t < s.T; ++t) load_row(wmat(w.embed), s.tokens[size_t(t)], 0, D, &x[size_t((s.row0 + t) * D)]);
@@ -339,6 +429,7 @@ std::vector<float> Forward::run(const ForwardCall& call, KvStore& kv, Observer& 
   } else {  // a shard: the residual stream entering its first layer
     std::copy(call.entering->begin(), call.entering->end(), x.begin());
   }
+  for (size_t r = 1; r < ranks_.size(); ++r) ranks_[r].b.x = x;  // every rank's stream starts the same
 
   for (int l = first; l < end; ++l) {
     attention_block(l, call, kv, site);
@@ -357,28 +448,35 @@ std::vector<float> Forward::run(const ForwardCall& call, KvStore& kv, Observer& 
 void Forward::attention_block(int l, const ForwardCall& call, KvStore& kv, Sites& site) {
   const ModelConfig& c = cfg_;
   const LayerWeights& L = weights_->layers[size_t(l)];
-  Buffers& b = *buf_;
   const int64_t R = call.rows(), D = c.hidden_size;
-  rms_norm(pool_, b.x.data(), R, D, wmat(L.input_norm), float(c.rms_norm_eps), b.xn.data());  // [R, D]
-  site.rows(l, Site::AttnNorm, D, b.xn.data());
+  for (Rank& rk : ranks_) {  // each rank normalises its own residual stream
+    site.at_rank(rk.rank);
+    rms_norm(pool_, rk.b.x.data(), R, D, wmat(L.input_norm), float(c.rms_norm_eps), rk.b.xn.data());  // [R, D]
+    site.rows(l, Site::AttnNorm, D, rk.b.xn.data());
+  }
   if (c.mla.enabled)
     mla_attention(l, call, kv, site);
   else
     gqa_attention(l, call, kv, site);
-  const int64_t ctx_dim = int64_t(b.ctx.size()) / R;  // Hq*Dh, MLA: Hq*Dv
-  site.rows(l, Site::AttnCtx, ctx_dim, b.ctx.data());
 
-  std::vector<float>& proj = b.proj;
-  mm(b.ctx.data(), R, wmat(L.o), proj.data());  // [R, D]
-  if (c.o_bias) add_bias(wmat(L.o_bias), R, proj.data());
-  site.rows(l, Site::AttnOut, D, proj.data());
-  add(b.x.data(), proj.data(), R * D, b.x.data());  // [R, D]
-  site.rows(l, Site::AttnResidual, D, b.x.data());
+  // o_proj: each rank's columns on its heads' context, its partial sum (the
+  // bias once, on rank 0), then the all-reduce into every residual stream.
+  for (Rank& rk : ranks_) {
+    site.at_rank(rk.rank);
+    Buffers& b = rk.b;
+    const int64_t ctx_dim = int64_t(b.ctx.size()) / R;  // Hq*Dh, MLA: Hq*Dv (the rank's heads)
+    site.rows(l, Site::AttnCtx, ctx_dim, b.ctx.data());
+    mm(b.ctx.data(), R, rk.shard->layers[size_t(l)].o, b.proj.data());  // [R, D]
+    if (c.o_bias && rk.rank == 0) add_bias(wmat(L.o_bias), R, b.proj.data());
+    site.rows(l, Site::AttnOut, D, b.proj.data());
+  }
+  add_all_reduced(R * D, false);
+  site.at_rank(0);
+  site.rows(l, Site::AttnResidual, D, ranks_[0].b.x.data());
 }
 
 void Forward::attend(int l, const ForwardCall& call, const SequenceRows& s, AttentionArgs att, const float* new_k,
                      const float* new_v, Sites& site) {
-  Buffers& b = *buf_;
   const int64_t T = s.T, S = s.kv.context, Hq = att.Hq;
   // Rows of this call that are not the sequence's own, attended in front of
   // its keys: the sequences before it (packed-cross-attention), the padding
@@ -399,11 +497,12 @@ void Forward::attend(int l, const ForwardCall& call, const SequenceRows& s, Atte
       std::copy_n(own, S * width, out.data() + extra * width);
       return out.data();
     };
-    att.k = in_front(b.keys, new_k, att.k, ks);
-    att.v = att.v == att.k ? att.k : in_front(b.values, new_v, att.v, vs);
-    b.mask.assign(size_t(T * Sx), 1.0f);  // every extra key allowed
-    for (int64_t t = 0; t < T; ++t) std::copy_n(&s.mask[size_t(t * S)], S, &b.mask[size_t(t * Sx + extra)]);
-    mask = b.mask.data();
+    const bool shared = att.v == att.k;  // keys and values in the same rows (absorbed MLA)
+    att.k = in_front(keys_, new_k, att.k, ks);
+    att.v = shared ? att.k : in_front(values_, new_v, att.v, vs);
+    mask_.assign(size_t(T * Sx), 1.0f);  // every extra key allowed
+    for (int64_t t = 0; t < T; ++t) std::copy_n(&s.mask[size_t(t * S)], S, &mask_[size_t(t * Sx + extra)]);
+    mask = mask_.data();
   }
   const bool want_scores = site.wants(s, l, Site::AttnScores), want_probs = site.wants(s, l, Site::AttnProbs);
   std::vector<float> scores(want_scores ? size_t(Hq * T * Sx) : 0), probs(want_probs ? size_t(Hq * T * Sx) : 0);
@@ -425,72 +524,89 @@ void Forward::gqa_attention(int l, const ForwardCall& call, KvStore& kv, Sites& 
   const ModelConfig& c = cfg_;
   const LayerWeights& L = weights_->layers[size_t(l)];
   const zoo::Faults& bug = faults_;
-  Buffers& b = *buf_;
-  const int64_t R = call.rows(), Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, Dh = c.head_dim;
-  const int64_t q_dim = Hq * Dh, k_dim = Hkv * Dh;
+  const int64_t R = call.rows(), Dh = c.head_dim;
+  const int64_t slots = tp_.kv_slots(), width = slots * Dh;  // a KV store row: every rank's kv heads
   const float eps = float(c.rms_norm_eps);
-  std::vector<float>& q = b.q;      // [R, Hq*Dh]
-  std::vector<float>& k = b.k;      // [R, Hkv*Dh]
-  std::vector<float>& v = b.v;      // [R, Hkv*Dh]
-  std::vector<float>& ctx = b.ctx;  // [R, Hq*Dh]
-
-  mm(b.xn.data(), R, {{wmat(L.q), q.data()}, {wmat(L.k), k.data()}, {wmat(L.v), v.data()}});
-  if (c.qkv_bias) {
-    add_bias(wmat(L.q_bias), R, q.data());
-    add_bias(wmat(L.k_bias), R, k.data());
-    add_bias(wmat(L.v_bias), R, v.data());
-  }
-  site.rows(l, Site::AttnQ, q_dim, q.data());
-  site.rows(l, Site::AttnK, k_dim, k.data());
-  site.rows(l, Site::AttnV, k_dim, v.data());
-
-  // Qwen3: per-head RMSNorm of q and k (over Dh), before RoPE.
-  auto qk_norm = [&] {
-    rms_norm(pool_, q.data(), R * Hq, Dh, wmat(L.q_norm), eps, q.data());   // [R, Hq*Dh]
-    rms_norm(pool_, k.data(), R * Hkv, Dh, wmat(L.k_norm), eps, k.data());  // [R, Hkv*Dh]
-    site.rows(l, Site::AttnQNorm, q_dim, q.data());
-    site.rows(l, Site::AttnKNorm, k_dim, k.data());
-  };
-  if (c.qk_norm && !bug.qk_norm_after_rope) qk_norm();
   auto rope = bug.rope_interleaved ? apply_rope_interleaved : apply_rope;
-  rope(q.data(), R, Hq, Dh, b.cos.data(), b.sin.data());   // [R, Hq*Dh]
-  rope(k.data(), R, Hkv, Dh, b.cos.data(), b.sin.data());  // [R, Hkv*Dh]
-  site.head_major(l, Site::AttnQRope, q.data(), Hq, Dh);   // [Hq, T, Dh]
-  site.head_major(l, Site::AttnKRope, k.data(), Hkv, Dh);  // [Hkv, T, Dh]
-  if (c.qk_norm && bug.qk_norm_after_rope) qk_norm();
 
-  // Every sequence's new keys (after RoPE) and values into the cache.
-  for (const SequenceRows& s : call.seqs) {
-    kv.write(l, KvStream::Key, s.kv, &k[size_t(s.row0 * k_dim)]);
-    kv.write(l, KvStream::Value, s.kv, &v[size_t(s.row0 * k_dim)]);
+  // Each rank: q, k, v of its heads (its rows of q_proj, k_proj, v_proj),
+  // Qwen3's per-head norms, RoPE.
+  for (Rank& rk : ranks_) {
+    site.at_rank(rk.rank);
+    const LayerShard& W = rk.shard->layers[size_t(l)];
+    Buffers& b = rk.b;
+    const int64_t Hq = rk.shard->q_heads, Hkv = rk.shard->kv_heads, q_dim = Hq * Dh, k_dim = Hkv * Dh;
+    std::vector<float>& q = b.q;  // [R, Hq*Dh]
+    std::vector<float>& k = b.k;  // [R, Hkv*Dh]
+    std::vector<float>& v = b.v;  // [R, Hkv*Dh]
+    mm(b.xn.data(), R, {{W.q, q.data()}, {W.k, k.data()}, {W.v, v.data()}});
+    if (c.qkv_bias) {
+      add_bias(W.q_bias, R, q.data());
+      add_bias(W.k_bias, R, k.data());
+      add_bias(W.v_bias, R, v.data());
+    }
+    site.rows(l, Site::AttnQ, q_dim, q.data());
+    site.rows(l, Site::AttnK, k_dim, k.data());
+    site.rows(l, Site::AttnV, k_dim, v.data());
+
+    // Qwen3: per-head RMSNorm of q and k (over Dh), before RoPE.
+    auto qk_norm = [&] {
+      rms_norm(pool_, q.data(), R * Hq, Dh, wmat(L.q_norm), eps, q.data());   // [R, Hq*Dh]
+      rms_norm(pool_, k.data(), R * Hkv, Dh, wmat(L.k_norm), eps, k.data());  // [R, Hkv*Dh]
+      site.rows(l, Site::AttnQNorm, q_dim, q.data());
+      site.rows(l, Site::AttnKNorm, k_dim, k.data());
+    };
+    if (c.qk_norm && !bug.qk_norm_after_rope) qk_norm();
+    rope(q.data(), R, Hq, Dh, cos_.data(), sin_.data());   // [R, Hq*Dh]
+    rope(k.data(), R, Hkv, Dh, cos_.data(), sin_.data());  // [R, Hkv*Dh]
+    site.head_major(l, Site::AttnQRope, q.data(), Hq, Dh);   // [Hq, T, Dh]
+    site.head_major(l, Site::AttnKRope, k.data(), Hkv, Dh);  // [Hkv, T, Dh]
+    if (c.qk_norm && bug.qk_norm_after_rope) qk_norm();
   }
-  // Attention per sequence over the keys it reads.
-  const PrecisionProfile& prec = opt_.precision;
+
+  // Every sequence's new keys (after RoPE) and values, every rank's side by
+  // side, into the cache.
+  const int64_t rank_width = ranks_[0].shard->kv_heads * Dh;
+  const float* new_k = side_by_side(&Buffers::k, R, rank_width, new_k_);  // [R, slots*Dh]
+  const float* new_v = side_by_side(&Buffers::v, R, rank_width, new_v_);  // [R, slots*Dh]
   for (const SequenceRows& s : call.seqs) {
-    // What the cache holds: k_cache, v_cache [Hkv, n, Dh], then both after repeat_kv [Hq, n, Dh].
-    std::vector<float> held[2];
-    int64_t n = 0;
-    const Site cache_site[2] = {Site::AttnKCache, Site::AttnVCache}, rep_site[2] = {Site::AttnKRep, Site::AttnVRep};
-    const KvStream stream[2] = {KvStream::Key, KvStream::Value};
-    for (int i = 0; i < 2; ++i)
-      if (site.wants(s, l, cache_site[i]) || site.wants(s, l, rep_site[i])) held[i] = kv.held(l, stream[i], s.kv, &n);
-    for (int i = 0; i < 2; ++i)
-      if (site.wants(s, l, cache_site[i]))
-        site.f32(s, l, cache_site[i], {Hkv, n, Dh}, head_major_cache(held[i], n, Hkv, Dh).data());
-    for (int i = 0; i < 2; ++i)
-      if (site.wants(s, l, rep_site[i]))
-        site.f32(s, l, rep_site[i], {Hq, n, Dh}, repeat_kv(held[i], n, Hq, Hkv, Dh, kv_head_).data());
-    AttentionArgs att;
-    att.Hq = Hq, att.Hkv = Hkv, att.Dh = Dh, att.scale = float(c.attn_scaling());
-    if (bug.softmax_scale_dh) att.scale = float(1.0 / double(Dh));
-    att.q = &q[size_t(s.row0 * q_dim)];
-    att.k = kv.read(l, KvStream::Key, s.kv);
-    att.v = kv.read(l, KvStream::Value, s.kv);
-    att.kv_head = kv_head_.data();
-    if (prec.weights || prec.flash_attention) att.product_rounding = prec.kv_cache;  // ggml multiplies in the cache's type
-    att.flash = prec.flash_attention;
-    att.ctx = &ctx[size_t(s.row0 * q_dim)];
-    attend(l, call, s, att, k.data(), v.data(), site);
+    kv.write(l, KvStream::Key, s.kv, new_k + s.row0 * width);
+    kv.write(l, KvStream::Value, s.kv, new_v + s.row0 * width);
+  }
+  // Each rank's attention per sequence over the keys it reads.
+  const PrecisionProfile& prec = opt_.precision;
+  for (Rank& rk : ranks_) {
+    site.at_rank(rk.rank);
+    Buffers& b = rk.b;
+    const int64_t Hq = rk.shard->q_heads, Hkv = rk.shard->kv_heads, q_dim = Hq * Dh;
+    for (const SequenceRows& s : call.seqs) {
+      // What the cache holds: k_cache, v_cache [Hkv, n, Dh] (the rank's kv
+      // heads), then both after repeat_kv [Hq, n, Dh].
+      std::vector<float> held[2];
+      int64_t n = 0;
+      const Site cache_site[2] = {Site::AttnKCache, Site::AttnVCache}, rep_site[2] = {Site::AttnKRep, Site::AttnVRep};
+      const KvStream stream[2] = {KvStream::Key, KvStream::Value};
+      for (int i = 0; i < 2; ++i)
+        if (site.wants(s, l, cache_site[i]) || site.wants(s, l, rep_site[i])) held[i] = kv.held(l, stream[i], s.kv, &n);
+      for (int i = 0; i < 2; ++i)
+        if (site.wants(s, l, cache_site[i]))
+          site.f32(s, l, cache_site[i], {Hkv, n, Dh},
+                   head_major_cache(columns(held[i], n, width, rk.shard->kv_slot0 * Dh, Hkv * Dh), n, Hkv, Dh).data());
+      for (int i = 0; i < 2; ++i)
+        if (site.wants(s, l, rep_site[i]))
+          site.f32(s, l, rep_site[i], {Hq, n, Dh}, repeat_kv(held[i], n, Hq, slots, Dh, rk.kv_read).data());
+      AttentionArgs att;
+      att.Hq = Hq, att.Hkv = slots, att.Dh = Dh, att.scale = float(c.attn_scaling());
+      if (bug.softmax_scale_dh) att.scale = float(1.0 / double(Dh));
+      att.q = &b.q[size_t(s.row0 * q_dim)];
+      att.k = kv.read(l, KvStream::Key, s.kv);
+      att.v = kv.read(l, KvStream::Value, s.kv);
+      att.kv_head = rk.kv_read.data();
+      if (prec.weights || prec.flash_attention) att.product_rounding = prec.kv_cache;  // ggml: in the cache's type
+      att.flash = prec.flash_attention;
+      att.ctx = &b.ctx[size_t(s.row0 * q_dim)];
+      attend(l, call, s, att, new_k, new_v, site);
+    }
   }
 }
 
@@ -498,171 +614,196 @@ void Forward::mla_attention(int l, const ForwardCall& call, KvStore& kv, Sites& 
   const ModelConfig& c = cfg_;
   const LayerWeights& L = weights_->layers[size_t(l)];
   const zoo::Faults& bug = faults_;
-  Buffers& b = *buf_;
   // q through the rank-Rq bottleneck, keys and values of every head from one
   // rank-Rkv latent, a Dr-wide rope key shared by all heads (Dh = Dr: the
-  // RoPE tables' width).
-  const int64_t R = call.rows(), Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  // RoPE tables' width). With tensor parallelism the latent path is
+  // replicated (each rank on its own stream, its own copy of the latent
+  // cache) and each rank expands only its own heads.
+  const int64_t R = call.rows(), ranks = tp_.ranks(), slots = tp_.kv_slots();
   const int64_t Rq = c.mla.q_lora_rank, Rkv = c.mla.kv_lora_rank;
   const int64_t Dn = c.mla.qk_nope_head_dim, Dr = c.mla.qk_rope_head_dim, Dv = c.mla.v_head_dim;
   const int64_t Lw = Rkv + Dr, Dk = Dn + Dr;  // latent cache row [latent | k_pe]; a query/key head
-  const int64_t q_dim = Hq * Dk, k_dim = Hkv * Dk, v_dim = Hkv * Dv, ctx_dim = Hq * Dv;
-  std::vector<float>& q = b.q;              // [R, Hq*(Dn+Dr)]
-  std::vector<float>& k = b.k;              // [R, Hkv*(Dn+Dr)] (naive form)
-  std::vector<float>& v = b.v;              // [R, Hkv*Dv] (naive form)
-  std::vector<float>& ctx = b.ctx;          // [R, Hq*Dv]
-  std::vector<float>& q_a = b.q_a;          // [R, Rq]
-  std::vector<float>& kv_a = b.kv_a;        // [R, Rkv+Dr]
-  std::vector<float>& latent = b.latent;    // [R, Rkv]
-  std::vector<float>& kvb = b.kv;           // [R, Hq*(Dn+Dv)] (naive form)
-  std::vector<float>& q_pe = b.q_pe;        // [R, Hq*Dr]
-  std::vector<float>& k_pe = b.k_pe;        // [R, Dr]
-  std::vector<float>& rows = b.latent_rows; // [R, Rkv+Dr]
-
-  // q_a [R, Rq] (without q_lora_rank: q straight from xn) and kv_a [R, Rkv+Dr].
-  if (Rq > 0) {
-    mm(b.xn.data(), R, {{wmat(L.q_a), q_a.data()}, {wmat(L.kv_a), kv_a.data()}});
-    site.rows(l, Site::AttnQA, Rq, q_a.data());
-    rms_norm(pool_, q_a.data(), R, Rq, wmat(L.q_a_norm), kMlaNormEps, q_a.data());  // [R, Rq]
-    site.rows(l, Site::AttnQANorm, Rq, q_a.data());
-    mm(q_a.data(), R, wmat(L.q), q.data());  // [R, Hq*(Dn+Dr)]
-  } else {
-    mm(b.xn.data(), R, {{wmat(L.q), q.data()}, {wmat(L.kv_a), kv_a.data()}});
-  }
-  site.rows(l, Site::AttnQ, q_dim, q.data());  // per head: Dn nope, then Dr rope
-  site.rows(l, Site::AttnKvA, Lw, kv_a.data());
-
-  // kv_a = [latent | k_pe]: the latent normalised (the vector every head's
-  // keys and values come from), the rope key left for RoPE.
-  for (int64_t t = 0; t < R; ++t) {
-    std::copy_n(&kv_a[size_t(t * Lw)], Rkv, &latent[size_t(t * Rkv)]);
-    std::copy_n(&kv_a[size_t(t * Lw + Rkv)], Dr, &k_pe[size_t(t * Dr)]);
-  }
-  rms_norm(pool_, latent.data(), R, Rkv, wmat(L.kv_a_norm), kMlaNormEps, latent.data());  // [R, Rkv]
-  site.rows(l, Site::AttnKvANorm, Rkv, latent.data());
-  if (!absorbed_) {
-    mm(latent.data(), R, wmat(L.kv_b), kvb.data());         // [R, Hq*(Dn+Dv)]
-    site.rows(l, Site::AttnKv, Hq * (Dn + Dv), kvb.data());  // per head: Dn key, then Dv value
-  }
-
-  // RoPE on q's rope part of every head and on the one shared k_pe, in
-  // halves order after rope_interleave's reorder (mla-rope-front: the first
-  // Dr dims rotated, the last Dn taken as q_nope).
+  // RoPE on q's rope part (mla-rope-front: the first Dr dims rotated, the
+  // last Dn taken as q_nope); keys' nope part from kv_b's key rows
+  // (mla-value-as-key: from the value rows).
   const int64_t rot_at = bug.mla_rope_front ? 0 : Dn;
-  for (int64_t t = 0; t < R; ++t)
-    for (int64_t h = 0; h < Hq; ++h) {
-      float* qh = &q[size_t(t * q_dim + h * Dk)];
-      std::copy_n(qh + rot_at, Dr, &q_pe[size_t((t * Hq + h) * Dr)]);
-      if (bug.mla_rope_front) std::memmove(qh, qh + Dr, size_t(Dn) * sizeof(float));
-    }
-  if (c.mla.rope_interleave) {
-    pairs_to_halves(q_pe.data(), R * Hq, Dr);  // [R, Hq*Dr]
-    pairs_to_halves(k_pe.data(), R, Dr);       // [R, Dr]
-  }
-  auto rope = bug.rope_interleaved ? apply_rope_interleaved : apply_rope;
-  rope(q_pe.data(), R, Hq, Dr, b.cos.data(), b.sin.data());  // [R, Hq*Dr]
-  rope(k_pe.data(), R, 1, Dr, b.cos.data(), b.sin.data());   // [R, Dr]
-  for (int64_t t = 0; t < R; ++t)
-    for (int64_t h = 0; h < Hq; ++h)
-      std::copy_n(&q_pe[size_t((t * Hq + h) * Dr)], Dr, &q[size_t(t * q_dim + h * Dk + Dn)]);
-  site.rows(l, Site::AttnKPe, Dr, k_pe.data());
-  site.head_major(l, Site::AttnQRope, q.data(), Hq, Dk);  // [Hq, T, Dn+Dr]: q_nope, rope(q_pe)
-
-  // Naive form: every head's key [k_nope | k_pe] and value out of kv
-  // (mla-value-as-key: k_nope read from the value rows).
   const int64_t key_at = bug.mla_value_as_key ? Dn : 0;
-  if (!absorbed_) {
+  auto rope = bug.rope_interleaved ? apply_rope_interleaved : apply_rope;
+
+  for (Rank& rk : ranks_) {
+    site.at_rank(rk.rank);
+    const LayerShard& W = rk.shard->layers[size_t(l)];
+    Buffers& b = rk.b;
+    const int64_t Hq = rk.shard->q_heads, Hkv = rk.shard->kv_heads;
+    const int64_t q_dim = Hq * Dk, k_dim = Hkv * Dk, v_dim = Hkv * Dv;
+    std::vector<float>& q = b.q;              // [R, Hq*(Dn+Dr)]
+    std::vector<float>& k = b.k;              // [R, Hkv*(Dn+Dr)] (naive form)
+    std::vector<float>& v = b.v;              // [R, Hkv*Dv] (naive form)
+    std::vector<float>& q_a = b.q_a;          // [R, Rq]
+    std::vector<float>& kv_a = b.kv_a;        // [R, Rkv+Dr]
+    std::vector<float>& latent = b.latent;    // [R, Rkv]
+    std::vector<float>& kvb = b.kv;           // [R, Hq*(Dn+Dv)] (naive form)
+    std::vector<float>& q_pe = b.q_pe;        // [R, Hq*Dr]
+    std::vector<float>& k_pe = b.k_pe;        // [R, Dr]
+    std::vector<float>& rows = b.latent_rows; // [R, Rkv+Dr]
+
+    // q_a [R, Rq] (without q_lora_rank: q straight from xn) and kv_a [R, Rkv+Dr].
+    if (Rq > 0) {
+      mm(b.xn.data(), R, {{wmat(L.q_a), q_a.data()}, {wmat(L.kv_a), kv_a.data()}});
+      site.rows(l, Site::AttnQA, Rq, q_a.data());
+      rms_norm(pool_, q_a.data(), R, Rq, wmat(L.q_a_norm), kMlaNormEps, q_a.data());  // [R, Rq]
+      site.rows(l, Site::AttnQANorm, Rq, q_a.data());
+      mm(q_a.data(), R, W.q, q.data());  // [R, Hq*(Dn+Dr)]
+    } else {
+      mm(b.xn.data(), R, {{W.q, q.data()}, {wmat(L.kv_a), kv_a.data()}});
+    }
+    site.rows(l, Site::AttnQ, q_dim, q.data());  // per head: Dn nope, then Dr rope
+    site.rows(l, Site::AttnKvA, Lw, kv_a.data());
+
+    // kv_a = [latent | k_pe]: the latent normalised (the vector every head's
+    // keys and values come from), the rope key left for RoPE.
+    for (int64_t t = 0; t < R; ++t) {
+      std::copy_n(&kv_a[size_t(t * Lw)], Rkv, &latent[size_t(t * Rkv)]);
+      std::copy_n(&kv_a[size_t(t * Lw + Rkv)], Dr, &k_pe[size_t(t * Dr)]);
+    }
+    rms_norm(pool_, latent.data(), R, Rkv, wmat(L.kv_a_norm), kMlaNormEps, latent.data());  // [R, Rkv]
+    site.rows(l, Site::AttnKvANorm, Rkv, latent.data());
+    if (!absorbed_) {
+      mm(latent.data(), R, W.kv_b, kvb.data());               // [R, Hq*(Dn+Dv)]
+      site.rows(l, Site::AttnKv, Hq * (Dn + Dv), kvb.data());  // per head: Dn key, then Dv value
+    }
+
+    // RoPE on q's rope part of every head and on the one shared k_pe, in
+    // halves order after rope_interleave's reorder.
     for (int64_t t = 0; t < R; ++t)
       for (int64_t h = 0; h < Hq; ++h) {
-        const float* kvh = &kvb[size_t((t * Hq + h) * (Dn + Dv))];
-        std::copy_n(kvh + key_at, Dn, &k[size_t(t * k_dim + h * Dk)]);
-        std::copy_n(&k_pe[size_t(t * Dr)], Dr, &k[size_t(t * k_dim + h * Dk + Dn)]);
-        std::copy_n(kvh + Dn, Dv, &v[size_t(t * v_dim + h * Dv)]);
+        float* qh = &q[size_t(t * q_dim + h * Dk)];
+        std::copy_n(qh + rot_at, Dr, &q_pe[size_t((t * Hq + h) * Dr)]);
+        if (bug.mla_rope_front) std::memmove(qh, qh + Dr, size_t(Dn) * sizeof(float));
       }
-    site.head_major(l, Site::AttnKRope, k.data(), Hq, Dk);  // [Hq, T, Dn+Dr]
-  }
-
-  // The latent cache's new rows [latent | k_pe], and (naive) the full keys
-  // and values, into the cache.
-  for (int64_t t = 0; t < R; ++t) {
-    std::copy_n(&latent[size_t(t * Rkv)], Rkv, &rows[size_t(t * Lw)]);
-    std::copy_n(&k_pe[size_t(t * Dr)], Dr, &rows[size_t(t * Lw + Rkv)]);
-  }
-  for (const SequenceRows& s : call.seqs) {
-    kv.write(l, KvStream::Latent, s.kv, &rows[size_t(s.row0 * Lw)]);
-    if (absorbed_) continue;
-    kv.write(l, KvStream::Key, s.kv, &k[size_t(s.row0 * k_dim)]);
-    kv.write(l, KvStream::Value, s.kv, &v[size_t(s.row0 * v_dim)]);
-  }
-
-  // Absorbed: q_nope·k_nope = q_nope·(W_uk_h·latent) = (W_uk_hᵀ·q_nope)·latent,
-  // so each head's query becomes [W_uk_hᵀ·q_nope | rope(q_pe)] in latent
-  // space [R, Hq*(Rkv+Dr)] and attends the latent cache rows [latent | k_pe]
-  // like one shared kv head; probs·latent [R, Hq*Rkv] then goes through the
-  // head's value rows W_uv_h of kv_b.
-  std::vector<float>& q_lat = b.q_lat;      // [R, Hq*(Rkv+Dr)] (absorbed form)
-  std::vector<float>& ctx_lat = b.ctx_lat;  // [R, Hq*Rkv] (absorbed form)
-  if (absorbed_) {
-    HeadMatmul uk;  // W_uk_h = kv_b rows [h*(Dn+Dv), +Dn): [Dn, Rkv]
-    uk.T = R, uk.H = Hq;
-    uk.x = q.data(), uk.x_row = q_dim, uk.x_head = Dk;
-    uk.w = wmat(L.kv_b), uk.w_head = Dn + Dv, uk.w_row0 = key_at, uk.w_rows = Dn;
-    uk.y = q_lat.data(), uk.y_row = Hq * Lw, uk.y_head = Lw;
-    head_matmul_t(pool_, uk);  // [R, Hq*(Rkv+Dr)]: latent part
+    if (c.mla.rope_interleave) {
+      pairs_to_halves(q_pe.data(), R * Hq, Dr);  // [R, Hq*Dr]
+      pairs_to_halves(k_pe.data(), R, Dr);       // [R, Dr]
+    }
+    rope(q_pe.data(), R, Hq, Dr, cos_.data(), sin_.data());  // [R, Hq*Dr]
+    rope(k_pe.data(), R, 1, Dr, cos_.data(), sin_.data());   // [R, Dr]
     for (int64_t t = 0; t < R; ++t)
       for (int64_t h = 0; h < Hq; ++h)
-        std::copy_n(&q_pe[size_t((t * Hq + h) * Dr)], Dr, &q_lat[size_t((t * Hq + h) * Lw + Rkv)]);
+        std::copy_n(&q_pe[size_t((t * Hq + h) * Dr)], Dr, &q[size_t(t * q_dim + h * Dk + Dn)]);
+    site.rows(l, Site::AttnKPe, Dr, k_pe.data());
+    site.head_major(l, Site::AttnQRope, q.data(), Hq, Dk);  // [Hq, T, Dn+Dr]: q_nope, rope(q_pe)
+
+    // Naive form: every head's key [k_nope | k_pe] and value out of kv.
+    if (!absorbed_) {
+      for (int64_t t = 0; t < R; ++t)
+        for (int64_t h = 0; h < Hq; ++h) {
+          const float* kvh = &kvb[size_t((t * Hq + h) * (Dn + Dv))];
+          std::copy_n(kvh + key_at, Dn, &k[size_t(t * k_dim + h * Dk)]);
+          std::copy_n(&k_pe[size_t(t * Dr)], Dr, &k[size_t(t * k_dim + h * Dk + Dn)]);
+          std::copy_n(kvh + Dn, Dv, &v[size_t(t * v_dim + h * Dv)]);
+        }
+      site.head_major(l, Site::AttnKRope, k.data(), Hq, Dk);  // [Hq, T, Dn+Dr]
+    }
+    // The latent cache's new rows [latent | k_pe].
+    for (int64_t t = 0; t < R; ++t) {
+      std::copy_n(&latent[size_t(t * Rkv)], Rkv, &rows[size_t(t * Lw)]);
+      std::copy_n(&k_pe[size_t(t * Dr)], Dr, &rows[size_t(t * Lw + Rkv)]);
+    }
+  }
+
+  // Every rank's new latent rows (its copy) and, naive, its heads' keys and
+  // values, side by side, into the cache.
+  const int64_t rank_heads = ranks_[0].shard->kv_heads;
+  const int64_t latent_width = ranks * Lw, k_width = slots * Dk, v_width = slots * Dv;
+  const float* new_latent = side_by_side(&Buffers::latent_rows, R, Lw, new_latent_);  // [R, ranks*(Rkv+Dr)]
+  const float* new_k = absorbed_ ? nullptr : side_by_side(&Buffers::k, R, rank_heads * Dk, new_k_);
+  const float* new_v = absorbed_ ? nullptr : side_by_side(&Buffers::v, R, rank_heads * Dv, new_v_);
+  for (const SequenceRows& s : call.seqs) {
+    kv.write(l, KvStream::Latent, s.kv, new_latent + s.row0 * latent_width);
+    if (absorbed_) continue;
+    kv.write(l, KvStream::Key, s.kv, new_k + s.row0 * k_width);
+    kv.write(l, KvStream::Value, s.kv, new_v + s.row0 * v_width);
   }
 
   const float scale = float(bug.softmax_scale_dh ? 1.0 / double(Dk)
                             : bug.mla_no_mscale  ? std::pow(double(Dk), -0.5)
                                                  : c.attn_scaling());
-  for (const SequenceRows& s : call.seqs) {
-    if (site.wants(s, l, Site::AttnLatentCache) || site.wants(s, l, Site::AttnKPeCache)) {
-      int64_t n = 0;
-      const std::vector<float> held = kv.held(l, KvStream::Latent, s.kv, &n);  // [n, Rkv+Dr]
-      if (site.wants(s, l, Site::AttnLatentCache))
-        site.f32(s, l, Site::AttnLatentCache, {n, Rkv}, columns(held, n, Lw, 0, Rkv).data());
-      if (site.wants(s, l, Site::AttnKPeCache))
-        site.f32(s, l, Site::AttnKPeCache, {n, Dr}, columns(held, n, Lw, Rkv, Dr).data());
+  for (Rank& rk : ranks_) {
+    site.at_rank(rk.rank);
+    const LayerShard& W = rk.shard->layers[size_t(l)];
+    Buffers& b = rk.b;
+    const int64_t Hq = rk.shard->q_heads, q_dim = Hq * Dk, ctx_dim = Hq * Dv;
+    std::vector<float>& q_lat = b.q_lat;      // [R, Hq*(Rkv+Dr)] (absorbed form)
+    std::vector<float>& ctx_lat = b.ctx_lat;  // [R, Hq*Rkv] (absorbed form)
+    // Absorbed: q_nope·k_nope = q_nope·(W_uk_h·latent) = (W_uk_hᵀ·q_nope)·latent,
+    // so each head's query becomes [W_uk_hᵀ·q_nope | rope(q_pe)] in latent
+    // space [R, Hq*(Rkv+Dr)] and attends the latent cache rows [latent | k_pe]
+    // like one shared kv head; probs·latent [R, Hq*Rkv] then goes through the
+    // head's value rows W_uv_h of kv_b.
+    if (absorbed_) {
+      HeadMatmul uk;  // W_uk_h = kv_b rows [h*(Dn+Dv), +Dn): [Dn, Rkv]
+      uk.T = R, uk.H = Hq;
+      uk.x = b.q.data(), uk.x_row = q_dim, uk.x_head = Dk;
+      uk.w = W.kv_b, uk.w_head = Dn + Dv, uk.w_row0 = key_at, uk.w_rows = Dn;
+      uk.y = q_lat.data(), uk.y_row = Hq * Lw, uk.y_head = Lw;
+      head_matmul_t(pool_, uk);  // [R, Hq*(Rkv+Dr)]: latent part
+      for (int64_t t = 0; t < R; ++t)
+        for (int64_t h = 0; h < Hq; ++h)
+          std::copy_n(&b.q_pe[size_t((t * Hq + h) * Dr)], Dr, &q_lat[size_t((t * Hq + h) * Lw + Rkv)]);
     }
-    AttentionArgs att;
-    att.scale = scale;
-    if (!absorbed_) {
-      // Naive: the full keys [S, Hq*(Dn+Dr)] and values [S, Hq*Dv] cached,
-      // plain attention with a head of Dn+Dr for q·k and Dv for v.
-      auto report = [&](KvStream stream, Site cache, int64_t width) {
-        if (!site.wants(s, l, cache)) return;
+    for (const SequenceRows& s : call.seqs) {
+      if (site.wants(s, l, Site::AttnLatentCache) || site.wants(s, l, Site::AttnKPeCache)) {
         int64_t n = 0;
-        const std::vector<float> held = kv.held(l, stream, s.kv, &n);
-        site.f32(s, l, cache, {Hq, n, width}, head_major_cache(held, n, Hq, width).data());
-      };
-      report(KvStream::Key, Site::AttnKCache, Dk);
-      report(KvStream::Value, Site::AttnVCache, Dv);
-      att.Hq = Hq, att.Hkv = Hkv, att.Dh = Dk, att.Dv = Dv;
-      att.q = &q[size_t(s.row0 * q_dim)];
-      att.k = kv.read(l, KvStream::Key, s.kv);
-      att.v = kv.read(l, KvStream::Value, s.kv);
-      att.kv_head = kv_head_.data();
-      if (opt_.precision.weights) att.product_rounding = opt_.precision.kv_cache;  // ggml multiplies in the cache's type
-      att.ctx = &ctx[size_t(s.row0 * ctx_dim)];
-      attend(l, call, s, att, k.data(), v.data(), site);
-    } else {
-      att.Hq = Hq, att.Hkv = 1, att.Dh = Lw, att.Dv = Rkv, att.k_stride = Lw, att.v_stride = Lw;
-      att.q = &q_lat[size_t(s.row0 * Hq * Lw)];
-      att.k = att.v = kv.read(l, KvStream::Latent, s.kv);
-      att.kv_head = latent_head_.data();
-      att.ctx = &ctx_lat[size_t(s.row0 * Hq * Rkv)];
-      attend(l, call, s, att, rows.data(), rows.data(), site);  // ctx_lat [T, Hq*Rkv]
+        const std::vector<float> held = kv.held(l, KvStream::Latent, s.kv, &n);  // [n, ranks*(Rkv+Dr)]
+        const int64_t own = rk.rank * Lw;  // the rank's copy
+        if (site.wants(s, l, Site::AttnLatentCache))
+          site.f32(s, l, Site::AttnLatentCache, {n, Rkv}, columns(held, n, latent_width, own, Rkv).data());
+        if (site.wants(s, l, Site::AttnKPeCache))
+          site.f32(s, l, Site::AttnKPeCache, {n, Dr}, columns(held, n, latent_width, own + Rkv, Dr).data());
+      }
+      AttentionArgs att;
+      att.scale = scale;
+      if (!absorbed_) {
+        // Naive: the full keys [S, Hq*(Dn+Dr)] and values [S, Hq*Dv] cached
+        // (every rank's heads), plain attention with a head of Dn+Dr for
+        // q·k and Dv for v.
+        auto report = [&](KvStream stream, Site cache, int64_t head_width) {
+          if (!site.wants(s, l, cache)) return;
+          int64_t n = 0;
+          const std::vector<float> held = kv.held(l, stream, s.kv, &n);  // [n, slots*head_width]
+          const std::vector<float> mine =
+              columns(held, n, slots * head_width, rk.shard->kv_slot0 * head_width, Hq * head_width);
+          site.f32(s, l, cache, {Hq, n, head_width}, head_major_cache(mine, n, Hq, head_width).data());
+        };
+        report(KvStream::Key, Site::AttnKCache, Dk);
+        report(KvStream::Value, Site::AttnVCache, Dv);
+        att.Hq = Hq, att.Hkv = slots, att.Dh = Dk, att.Dv = Dv;
+        att.q = &b.q[size_t(s.row0 * q_dim)];
+        att.k = kv.read(l, KvStream::Key, s.kv);
+        att.v = kv.read(l, KvStream::Value, s.kv);
+        att.kv_head = rk.kv_read.data();
+        if (opt_.precision.weights) att.product_rounding = opt_.precision.kv_cache;  // ggml multiplies in the cache's type
+        att.ctx = &b.ctx[size_t(s.row0 * ctx_dim)];
+        attend(l, call, s, att, new_k, new_v, site);
+      } else {
+        // Absorbed: every head reads the rank's own copy of the latent rows.
+        att.Hq = Hq, att.Hkv = ranks, att.Dh = Lw, att.Dv = Rkv;
+        att.k_stride = att.v_stride = latent_width, att.kv_head_step = Lw;
+        att.q = &q_lat[size_t(s.row0 * Hq * Lw)];
+        att.k = att.v = kv.read(l, KvStream::Latent, s.kv);
+        att.kv_head = rk.latent_read.data();
+        att.ctx = &ctx_lat[size_t(s.row0 * Hq * Rkv)];
+        attend(l, call, s, att, new_latent, new_latent, site);  // ctx_lat [T, Hq*Rkv]
+      }
     }
-  }
-  if (absorbed_) {
-    HeadMatmul uv;  // W_uv_h = kv_b rows [h*(Dn+Dv) + Dn, +Dv): [Dv, Rkv]
-    uv.T = R, uv.H = Hq;
-    uv.x = ctx_lat.data(), uv.x_row = Hq * Rkv, uv.x_head = Rkv;
-    uv.w = wmat(L.kv_b), uv.w_head = Dn + Dv, uv.w_row0 = Dn, uv.w_rows = Dv;
-    uv.y = ctx.data(), uv.y_row = ctx_dim, uv.y_head = Dv;
-    head_matmul(pool_, uv);  // [R, Hq*Dv]
+    if (absorbed_) {
+      HeadMatmul uv;  // W_uv_h = kv_b rows [h*(Dn+Dv) + Dn, +Dv): [Dv, Rkv]
+      uv.T = R, uv.H = Hq;
+      uv.x = ctx_lat.data(), uv.x_row = Hq * Rkv, uv.x_head = Rkv;
+      uv.w = W.kv_b, uv.w_head = Dn + Dv, uv.w_row0 = Dn, uv.w_rows = Dv;
+      uv.y = b.ctx.data(), uv.y_row = ctx_dim, uv.y_head = Dv;
+      head_matmul(pool_, uv);  // [R, Hq*Dv]
+    }
   }
 }
 
@@ -671,30 +812,38 @@ void Forward::mla_attention(int l, const ForwardCall& call, KvStore& kv, Sites& 
 void Forward::ffn_block(int l, int64_t R, Sites& site) {
   const ModelConfig& c = cfg_;
   const LayerWeights& L = weights_->layers[size_t(l)];
-  Buffers& b = *buf_;
-  const int64_t D = c.hidden_size, F = c.intermediate_size;
-  rms_norm(pool_, b.x.data(), R, D, wmat(L.post_attn_norm), float(c.rms_norm_eps), b.xn.data());  // [R, D]
-  site.rows(l, Site::MlpNorm, D, b.xn.data());
-  if (c.moe.is_moe_layer(l)) {
-    moe_block(l, R, site);
-  } else {
-    // Dense MLP: down(silu(gate(x)) * up(x))
-    swiglu(L.mlp, b.xn.data(), R, b.gate.data(), b.up.data(), b.act.data(), b.proj.data());
-    site.rows(l, Site::MlpGate, F, b.gate.data());
-    site.rows(l, Site::MlpUp, F, b.up.data());
-    site.rows(l, Site::MlpAct, F, b.act.data());
-    site.rows(l, Site::MlpDown, D, b.proj.data());  // [R, D]
+  const int64_t D = c.hidden_size;
+  // Each rank on its own stream: its columns of the MLP (of every expert),
+  // its partial sum; then the all-reduce into every residual stream.
+  for (Rank& rk : ranks_) {
+    site.at_rank(rk.rank);
+    Buffers& b = rk.b;
+    rms_norm(pool_, b.x.data(), R, D, wmat(L.post_attn_norm), float(c.rms_norm_eps), b.xn.data());  // [R, D]
+    site.rows(l, Site::MlpNorm, D, b.xn.data());
+    if (c.moe.is_moe_layer(l)) {
+      moe_block(l, R, rk, site);
+    } else {
+      // Dense MLP: down(silu(gate(x)) * up(x))
+      const MlpShard& m = rk.shard->layers[size_t(l)].mlp;
+      swiglu(m, b.xn.data(), R, b.gate.data(), b.up.data(), b.act.data(), b.proj.data());
+      site.rows(l, Site::MlpGate, m.F, b.gate.data());
+      site.rows(l, Site::MlpUp, m.F, b.up.data());
+      site.rows(l, Site::MlpAct, m.F, b.act.data());
+      site.rows(l, Site::MlpDown, D, b.proj.data());  // [R, D]
+    }
   }
-  add(b.x.data(), b.proj.data(), R * D, b.x.data());  // [R, D]
-  site.rows(l, Site::Out, D, b.x.data());
+  add_all_reduced(R * D, true);
+  site.at_rank(0);
+  site.rows(l, Site::Out, D, ranks_[0].b.x.data());
 }
 
-void Forward::moe_block(int l, int64_t R, Sites& site) {
+void Forward::moe_block(int l, int64_t R, Rank& rk, Sites& site) {
   const ModelConfig& c = cfg_;
   const LayerWeights& L = weights_->layers[size_t(l)];
+  const LayerShard& W = rk.shard->layers[size_t(l)];  // the rank's columns of each expert
   const zoo::Faults& bug = faults_;
   const MoeConfig& moe = c.moe;
-  Buffers& b = *buf_;
+  Buffers& b = rk.b;
   const int64_t D = c.hidden_size, E = moe.num_experts, K = moe.top_k;
   std::vector<float>& router_logits = b.router_logits;  // [R, E]
   std::vector<float>& router_probs = b.router_probs;    // [R, E]
@@ -753,7 +902,7 @@ void Forward::moe_block(int l, int64_t R, Sites& site) {
     for (int64_t r = 0; r < n; ++r)
       std::copy_n(&xn[size_t(slots[size_t(r)] / K * D)], D, &expert_in[size_t(r * D)]);  // [n, D]
     const int64_t runs = bug.moe_expert_shift ? (e + 1) % E : e;  // moe-expert-off-by-one
-    swiglu(L.experts[size_t(runs)], expert_in.data(), n, b.gate.data(), b.up.data(), b.act.data(), expert_y.data());
+    swiglu(W.experts[size_t(runs)], expert_in.data(), n, b.gate.data(), b.up.data(), b.act.data(), expert_y.data());
     for (int64_t r = 0; r < n; ++r)
       std::copy_n(&expert_y[size_t(r * D)], D, &expert_out[size_t(slots[size_t(r)] * D)]);  // [R, K, D]
   }
@@ -770,9 +919,9 @@ void Forward::moe_block(int l, int64_t R, Sites& site) {
   }
   site.rows(l, Site::MoeRouted, D, routed.data());  // [R, D]
 
-  if (L.shared.gate && !bug.moe_shared_missing) {
+  if (W.shared && !bug.moe_shared_missing) {
     // Shared expert on every token (Qwen2-MoE: scaled by sigmoid(shared_expert_gate(x))).
-    swiglu(L.shared, xn.data(), R, b.gate.data(), b.up.data(), b.act.data(), shared.data());  // [R, D]
+    swiglu(W.shared, xn.data(), R, b.gate.data(), b.up.data(), b.act.data(), shared.data());  // [R, D]
     if (L.shared_gate) {
       std::vector<float> g(static_cast<size_t>(R));  // [R, 1]
       mm(xn.data(), R, wmat(L.shared_gate), g.data());
@@ -794,7 +943,7 @@ void Forward::moe_block(int l, int64_t R, Sites& site) {
 std::vector<float> Forward::head(const ForwardCall& call, Sites& site) {
   const ModelConfig& c = cfg_;
   const ModelWeights& w = *weights_;
-  Buffers& b = *buf_;
+  Buffers& b = ranks_[0].b;  // rank 0's stream (every rank's, after a correct all-reduce)
   const int64_t R = call.rows(), D = c.hidden_size, V = c.vocab_size, M = int64_t(call.seqs.size());
   rms_norm(pool_, b.x.data(), R, D, wmat(w.final_norm), float(c.rms_norm_eps), b.xn.data());  // [R, D]
   site.rows(Site::FinalNorm, D, b.xn.data());

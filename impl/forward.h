@@ -8,6 +8,12 @@
 // sequence, over that sequence's own keys. Every intermediate is reported
 // where it is computed, under each sequence's canonical names.
 //
+// With tensor parallelism (ForwardOptions::tensor_parallel = R > 1, the
+// shards of impl/tensor_parallel.h) every stage runs once per rank on that
+// rank's shard and its own residual stream, the ranks joined by the
+// all-reduce after o_proj and after the MLP/MoE block; each rank reports its
+// shards under rank{r}., the replicated names once (rank 0's, unprefixed).
+//
 // The single-sequence engine (impl_engine.h) is one sequence on a
 // contiguous store; the continuous-batching engine (batch_engine.h) is the
 // packed rows of every live sequence on a paged store. Both run every zoo
@@ -26,6 +32,7 @@
 #include "dumps/zoo/bugs.h"
 #include "impl/kernels.h"
 #include "impl/kv_store.h"
+#include "impl/tensor_parallel.h"
 #include "impl/thread_pool.h"
 
 namespace llmdiff::impl {
@@ -52,6 +59,8 @@ struct ForwardOptions {
   // Roundings made on purpose (a lower-precision KV cache, rounded or 8-bit
   // matmul inputs), as a candidate's manifest declares them; empty: none.
   PrecisionProfile precision;
+  // Tensor parallelism over this many ranks (impl/tensor_parallel.h); 1: none.
+  int tensor_parallel = 1;
 };
 
 // One sequence's rows of a forward call.
@@ -109,15 +118,18 @@ class Forward {
   const ModelConfig& config() const { return cfg_; }  // the model's, with the config-level bugs applied
   const zoo::Faults& faults() const { return faults_; }
   const zoo::BatchFaults& batch_faults() const { return batch_faults_; }
+  int ranks() const { return tp_.ranks(); }
   const PrecisionProfile& precision() const { return opt_.precision; }
   bool absorbed() const { return absorbed_; }
   // The streams a KV store of this model needs and their widths.
   KvWidths kv_widths() const;
-  // "plain C++, float32 activations[, naive MLA][, precision ...]" for a producer line.
+  // "plain C++, float32 activations[, naive MLA][, precision ...][, tensor
+  // parallel over R ranks]" for a producer line.
   std::string describe() const;
 
  private:
   struct Buffers;
+  struct Rank;
   class Sites;
   void attention_block(int l, const ForwardCall& call, KvStore& kv, Sites& site);
   void gqa_attention(int l, const ForwardCall& call, KvStore& kv, Sites& site);
@@ -128,11 +140,17 @@ class Forward {
   void attend(int l, const ForwardCall& call, const SequenceRows& s, AttentionArgs att, const float* new_k,
               const float* new_v, Sites& site);
   void ffn_block(int l, int64_t R, Sites& site);
-  void moe_block(int l, int64_t R, Sites& site);
+  void moe_block(int l, int64_t R, Rank& k, Sites& site);
   std::vector<float> head(const ForwardCall& call, Sites& site);
+  // Every rank's residual stream [n] plus the all-reduce of the ranks'
+  // partial sums (their proj), after o_proj or (ffn) the MLP/MoE block.
+  void add_all_reduced(int64_t n, bool ffn);
+  // Rows [R, per_rank] of every rank side by side in rank order, [R,
+  // ranks * per_rank] (the KV store's rows); R = 1: the one rank's own.
+  const float* side_by_side(std::vector<float> Buffers::*part, int64_t R, int64_t per_rank, std::vector<float>& out);
   // A SwiGLU MLP on n rows: out [n, D] = down(silu(gate(x)) * up(x)), with
   // gate, up, act [n, F] left in the scratch given (the dense MLP reports them).
-  void swiglu(const MlpWeights& m, const float* x, int64_t n, float* gate, float* up, float* act, float* out);
+  void swiglu(const MlpShard& m, const float* x, int64_t n, float* gate, float* up, float* act, float* out);
   // matmul() of kernels.h with the inputs rounded as the precision profile
   // says for each weight's type (the jobs grouped by that rounding).
   void mm(const float* x, int64_t T, const std::vector<MatmulJob>& jobs);
@@ -143,14 +161,18 @@ class Forward {
   ForwardOptions opt_;
   zoo::Faults faults_;
   zoo::BatchFaults batch_faults_;
+  zoo::TpFaults tp_faults_;
   bool absorbed_ = false;          // MLA in the absorbed form
-  std::vector<int> kv_head_;       // [Hq]: kv head each query head reads
-  std::vector<int> latent_head_;   // [Hq]: all 0 (absorbed MLA: every head reads the one latent)
+  TensorParallel tp_;              // the ranks' shards (one rank: the whole model)
+  std::vector<Rank> ranks_;        // each rank's shard, kv heads read and buffers
   ThreadPool pool_;
   MatmulScratch mm_;
   std::vector<float> rounded_;     // matmul inputs as the profile rounds them
   std::vector<std::vector<float>> attn_rows_;
-  std::unique_ptr<Buffers> buf_;
+  std::vector<float> cos_, sin_;   // [R, Dh] the call's RoPE tables (every rank's)
+  std::vector<float> keys_, values_, mask_;        // attention with other sequences' rows in front
+  std::vector<float> new_k_, new_v_, new_latent_;  // every rank's new cache rows side by side
+  std::vector<float> reduced_, reduced_again_;     // the all-reduce's sum [R, D]
 };
 
 }  // namespace llmdiff::impl

@@ -34,6 +34,11 @@ struct ImplOptions {
   // hold the ring's slots: [Hkv, min(S, kv_ring), Dh], slot j the position
   // p = j mod kv_ring. GQA attention only.
   int64_t kv_ring = 0;
+  // Tensor parallelism over this many ranks in one process
+  // (impl/tensor_parallel.h): each rank's shards reported under rank{r}.,
+  // the replicated names unprefixed (write them through RankZeroNames of
+  // dumps/contract/ranks.h); 1: none.
+  int tensor_parallel = 1;
 };
 
 // Throws UsageError when a bug cannot apply to the model, or is a batch bug

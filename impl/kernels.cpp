@@ -123,10 +123,24 @@ struct QuantW {
 };
 
 const float* dequantized_row(const WMat& m, int64_t row, float* dst) {
-  dequantize_row(m.quant,
-                 static_cast<const uint8_t*>(m.data) + size_t(m.src_row(row)) * ggml_row_bytes(m.quant, m.cols), dst,
-                 m.cols);
+  const int64_t n = m.row_len();
+  const uint8_t* src = static_cast<const uint8_t*>(m.data) + size_t(m.src_row(row)) * ggml_row_bytes(m.quant, n);
+  if (n == m.cols) {
+    dequantize_row(m.quant, src, dst, n);
+    return dst;
+  }
+  // A view of some columns: the blocks of the whole stored row, then those columns.
+  thread_local std::vector<float> whole;
+  whole.resize(size_t(n));
+  dequantize_row(m.quant, src, whole.data(), n);
+  std::copy_n(whole.data() + m.col0, m.cols, dst);
   return dst;
+}
+
+// Where row r of m starts among its stored values (stored type T).
+template <class T>
+const T* row_start(const WMat& m, int64_t r) {
+  return static_cast<const T*>(m.data) + m.src_row(r) * m.row_len() + m.col0;
 }
 
 // Calls f(W{}) with the weight type W of dtype `t`.
@@ -234,15 +248,13 @@ void interleave_tokens(const float* x, int64_t T, int64_t K, std::vector<float>&
 // Rows [r0, r1) of y[t] = W · x[t] for NT bfloat16 tokens.
 template <int NT>
 void gemv_rows_bf16_batch(const WMat& m, const float* x, const float* xi, int64_t r0, int64_t r1, float* y) {
-  const auto* w = static_cast<const uint16_t*>(m.data);
-  for (int64_t r = r0; r < r1; ++r) gemv_row_bf16_tokens<NT>(w + m.src_row(r) * m.cols, m.cols, x, xi, r, y, m.rows);
+  for (int64_t r = r0; r < r1; ++r) gemv_row_bf16_tokens<NT>(row_start<uint16_t>(m, r), m.cols, x, xi, r, y, m.rows);
 }
 
 // Rows [r0, r1) of y = W · x. xe/xo: x split into even and odd elements
 // (used by bfloat16 weights).
 template <class W>
 void gemv_rows(const WMat& m, const float* x, const float* xe, const float* xo, int64_t r0, int64_t r1, float* y) {
-  const auto* w = static_cast<const typename W::T*>(m.data);
   const int64_t K = m.cols;
   thread_local std::vector<float> row;
   for (int64_t r = r0; r < r1; ++r) {
@@ -250,9 +262,9 @@ void gemv_rows(const WMat& m, const float* x, const float* xe, const float* xo, 
       row.resize(size_t(K));
       y[r] = gemv_row<F32W>(dequantized_row(m, r, row.data()), K, x);
     } else if constexpr (std::is_same<W, BF16W>::value)
-      y[r] = gemv_row_bf16(w + m.src_row(r) * K, K, x, xe, xo);
+      y[r] = gemv_row_bf16(row_start<uint16_t>(m, r), K, x, xe, xo);
     else
-      y[r] = gemv_row<W>(w + m.src_row(r) * K, K, x);
+      y[r] = gemv_row<W>(row_start<typename W::T>(m, r), K, x);
   }
 }
 
@@ -309,7 +321,6 @@ constexpr int64_t kTokenBlock = 64;
 template <class W>
 void gemm_tiles(const WMat& m, const float* xt, int64_t ldt, int64_t T, int64_t tile0, int64_t tile1,
                 std::vector<float>& buf, float* y) {
-  const auto* w = static_cast<const typename W::T*>(m.data);
   const int64_t K = m.cols, N = m.rows;
   buf.resize(size_t(kPanelRows * K));
   for (int64_t tb = 0; tb < ldt; tb += kTokenBlock)
@@ -317,14 +328,14 @@ void gemm_tiles(const WMat& m, const float* xt, int64_t ldt, int64_t T, int64_t 
     const int64_t o0 = tile * kPanelRows;
     const int64_t rows = std::min<int64_t>(kPanelRows, N - o0);
     const float* panel;
-    if (std::is_same<W, F32W>::value && rows == kPanelRows && m.interleaved_heads == 0) {
-      panel = reinterpret_cast<const float*>(w) + o0 * K;  // already float32: read in place
+    if (std::is_same<W, F32W>::value && rows == kPanelRows && m.interleaved_heads == 0 && m.row_len() == K) {
+      panel = static_cast<const float*>(m.data) + o0 * K;  // already float32: read in place
     } else if constexpr (std::is_same<W, QuantW>::value) {
       for (int64_t r = 0; r < rows; ++r) dequantized_row(m, o0 + r, buf.data() + r * K);
       std::fill(buf.begin() + rows * K, buf.end(), 0.0f);
       panel = buf.data();
     } else {
-      for (int64_t r = 0; r < rows; ++r) convert_span<W>(w + m.src_row(o0 + r) * K, K, buf.data() + r * K);
+      for (int64_t r = 0; r < rows; ++r) convert_span<W>(row_start<typename W::T>(m, o0 + r), K, buf.data() + r * K);
       std::fill(buf.begin() + rows * K, buf.end(), 0.0f);
       panel = buf.data();
     }
@@ -384,8 +395,38 @@ void load_row(const WMat& m, int64_t row, int64_t c0, int64_t n, float* dst) {
   }
   with_dtype(m.dtype, [&](auto tag) {
     using W = decltype(tag);
-    convert_span<W>(static_cast<const typename W::T*>(m.data) + m.src_row(row) * m.cols + c0, n, dst);
+    convert_span<W>(row_start<typename W::T>(m, row) + c0, n, dst);
   });
+}
+
+WMat row_view(const WMat& m, int64_t r0, int64_t n) {
+  if (r0 < 0 || n < 0 || r0 + n > m.rows)
+    throw UsageError("impl: rows [" + std::to_string(r0) + ", " + std::to_string(r0 + n) + ") of a matrix of " +
+                     std::to_string(m.rows) + " rows");
+  WMat v = m;
+  v.rows = n;
+  if (m.interleaved_heads > 0) {  // rows permuted within each head: the view keeps whole heads
+    const int64_t per_head = m.rows / m.interleaved_heads;
+    if (r0 % per_head != 0 || n % per_head != 0)
+      throw UsageError("impl: a view of rows [" + std::to_string(r0) + ", " + std::to_string(r0 + n) +
+                       ") cuts a head of " + std::to_string(per_head) + " interleaved rows");
+    v.interleaved_heads = n / per_head;
+  }
+  const size_t row_bytes =
+      m.quantized() ? ggml_row_bytes(m.quant, m.row_len()) : size_t(m.row_len()) * dtype_size(m.dtype);
+  v.data = static_cast<const uint8_t*>(m.data) + size_t(r0) * row_bytes;
+  return v;
+}
+
+WMat col_view(const WMat& m, int64_t c0, int64_t n) {
+  if (c0 < 0 || n < 0 || c0 + n > m.cols)
+    throw UsageError("impl: columns [" + std::to_string(c0) + ", " + std::to_string(c0 + n) + ") of a matrix of " +
+                     std::to_string(m.cols) + " columns");
+  WMat v = m;
+  v.stride = m.row_len();
+  v.col0 = m.col0 + c0;
+  v.cols = n;
+  return v;
 }
 
 void matmul(ThreadPool& pool, MatmulScratch& scratch, const float* x, int64_t T, const std::vector<MatmulJob>& jobs) {
@@ -562,8 +603,8 @@ void attention(ThreadPool& pool, std::vector<std::vector<float>>& row_scratch, c
         round_activations(a.product_rounding, q, q_rounded, Dh);
         q = q_rounded;
       }
-      const float* k = a.k + int64_t(a.kv_head[h]) * Dh;
-      const float* v = a.v + int64_t(a.kv_head[h]) * Dv;
+      const float* k = a.k + int64_t(a.kv_head[h]) * (a.kv_head_step > 0 ? a.kv_head_step : Dh);
+      const float* v = a.v + int64_t(a.kv_head[h]) * (a.kv_head_step > 0 ? a.kv_head_step : Dv);
       const float* mask = a.mask + t * S;
       float* scores = a.scores ? a.scores + (h * T + t) * S : nullptr;
       float* probs = a.probs ? a.probs + (h * T + t) * S : nullptr;

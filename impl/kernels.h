@@ -28,11 +28,20 @@ struct WMat {
   // Rows stored in another order (WeightView::interleaved_heads): row r is
   // stored row src_row(r). 0: in order.
   int64_t interleaved_heads = 0;
+  // Columns [col0, col0 + cols) of stored rows of `stride` values (0:
+  // cols): a view of some of the columns (a row-parallel shard), in place.
+  int64_t col0 = 0, stride = 0;
   bool quantized() const { return ggml_is_quantized(quant); }
   int64_t src_row(int64_t r) const;
+  int64_t row_len() const { return stride > 0 ? stride : cols; }  // values of one stored row
 };
 // A 2-D weight as a WMat; a 1-D one (norm weight, bias) as one row.
 WMat wmat(const WeightView& w);
+// Rows [r0, r0 + n) of m, in place (interleaved rows: whole heads only).
+// Throws UsageError when the rows are outside m.
+WMat row_view(const WMat& m, int64_t r0, int64_t n);
+// Columns [c0, c0 + n) of m, in place. Throws UsageError when outside m.
+WMat col_view(const WMat& m, int64_t c0, int64_t n);
 
 // Converts cols [c0, c0+n) of row `row` of m to float32.
 void load_row(const WMat& m, int64_t row, int64_t c0, int64_t n, float* dst);
@@ -87,6 +96,10 @@ struct AttentionArgs {
   int64_t Dv = 0;                  // value / ctx width per head; 0: Dh
   int64_t k_stride = 0;            // floats from key row s to s+1; 0: Hkv*Dh
   int64_t v_stride = 0;            // floats from value row s to s+1; 0: Hkv*Dv
+  // Floats from one kv head to the next within a row, keys and values alike
+  // (rows holding copies of one shared head, e.g. each rank's latent); 0: Dh
+  // for keys, Dv for values.
+  int64_t kv_head_step = 0;
   const float* q = nullptr;        // [T, Hq*Dh], after RoPE
   const float* k = nullptr;        // [S, Hkv*Dh]
   const float* v = nullptr;        // [S, Hkv*Dv]

@@ -20,6 +20,7 @@ ForwardOptions forward_options(const ImplOptions& opt) {
   f.release_weights = opt.release_weights;
   f.mla = opt.mla;
   f.precision = opt.precision;
+  f.tensor_parallel = opt.tensor_parallel;
   return f;
 }
 

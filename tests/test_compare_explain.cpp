@@ -216,6 +216,40 @@ TEST(Explainers, ABatchBugWhoseReplayReproducesTheSequenceIsNamed) {
   EXPECT_NE(f->evidence.find("reproduces seq1's 2 diverging names"), std::string::npos) << f->evidence;
 }
 
+TEST(Explainers, ATensorParallelRankCheckOrReplayNamesTheBug) {
+  BisectResult r = diverging_at_step2();
+  TensorParallelEvidence t;
+  t.ranks = 4;
+  t.replayed = true;
+  t.tried = "tp-allreduce-missing 0/3; tp-allreduce-twice 0/3";
+  r.evidence.tensor_parallel = t;
+  EXPECT_FALSE(explain_tensor_parallel(r));
+  EXPECT_NE(explain_nothing_fits(diagnosed(r))->evidence.find("over its 4 ranks with each tensor-parallel bug "
+                                                              "reproduces none of them"),
+            std::string::npos);
+  // A rank check's exact finding: the bug with the rank, as a fingerprint.
+  r.evidence.tensor_parallel->bug = "tp-kv-heads-split";
+  r.evidence.tensor_parallel->rank = 1;
+  r.evidence.tensor_parallel->text = "rank 1's attn.k holds kv head 1 where its query heads read kv head 0";
+  std::optional<Finding> f = explain_tensor_parallel(r);
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->bug.bug, "tp-kv-heads-split");
+  EXPECT_EQ(f->basis, BugBasis::Fingerprint);
+  EXPECT_EQ(f->evidence, "rank 1's attn.k holds kv head 1 where its query heads read kv head 0");
+  // Else the replay over the ranks that reproduces every diverging name.
+  r.evidence.tensor_parallel->bug.clear();
+  r.evidence.tensor_parallel->fits = {"tp-allreduce-twice"};
+  r.evidence.tensor_parallel->descriptions = {"all-reduced twice"};
+  r.evidence.tensor_parallel->compared = 3;
+  f = explain_tensor_parallel(r);
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->bug.bug, "tp-allreduce-twice");
+  EXPECT_EQ(f->basis, BugBasis::Replay);
+  EXPECT_NE(f->evidence.find("over its 4 ranks with tp-allreduce-twice reproduces its 3 diverging names"),
+            std::string::npos)
+      << f->evidence;
+}
+
 TEST(Explainers, AProfilesRoundingsThatReproduceTheCandidateAreDeclared) {
   BisectResult r = diverging_at_step2();
   r.evidence.rounding = RoundingProbe{R"({"kv_cache":"f16","matmul_input":"ggml"})", "kv_cache=f16,matmul_input=ggml",
@@ -299,11 +333,12 @@ TEST(Explain, TheListRunsInOrderAndGathersOnlyWhatItReaches) {
   EXPECT_EQ(r.finding.kind, FindingKind::RingWrap);
   EXPECT_EQ(r.finding.focus, "step2.layers.0.attn.ctx");
   EXPECT_TRUE(asked.empty());
-  // Without the ring, the diagnosis is gathered once and names the bug.
+  // Without the ring, the diagnosis is gathered once and names the bug (a
+  // tensor-parallel candidate's rank checks are asked for first, refused).
   r.evidence.ring.reset();
   explain(r, gather);
   EXPECT_EQ(r.finding.kind, FindingKind::ZooBug);
-  EXPECT_EQ(asked, std::vector<Need>{Need::Diagnosis});
+  EXPECT_EQ(asked, (std::vector<Need>{Need::TensorParallel, Need::Diagnosis}));
   // A need refused is asked again later (a batch's replay, after the sequences).
   BisectResult s = diverging_at_step2();
   asked.clear();
@@ -315,6 +350,7 @@ TEST(Explain, TheListRunsInOrderAndGathersOnlyWhatItReaches) {
   EXPECT_EQ(std::count(asked.begin(), asked.end(), Need::Diagnosis), 4);  // each explainer that reads it asks
   EXPECT_EQ(std::count(asked.begin(), asked.end(), Need::BatchReplay), 1);
   EXPECT_EQ(std::count(asked.begin(), asked.end(), Need::Rounding), 1);
+  EXPECT_EQ(std::count(asked.begin(), asked.end(), Need::TensorParallel), 1);
 }
 
 TEST(Explain, ADeclaredPrecisionComesBeforeTheHypotheses) {

@@ -116,6 +116,9 @@ TEST(ImplZoo, EachBugFirstChangesTheDumpWhereItIsMade) {
   // The batch bugs act in the continuous-batching engine
   // (tests/test_cli_batch_engine.cpp, tests/test_impl_batch.cpp).
   for (const zoo::BugInfo* info : zoo::batch_bugs()) covered.insert(info->bug);
+  // The tensor-parallel bugs act between ranks
+  // (tests/test_impl_tensor_parallel.cpp, tests/test_cli_tensor_parallel.cpp).
+  for (const zoo::BugInfo* info : zoo::tp_bugs()) covered.insert(info->bug);
   EXPECT_EQ(covered.size(), zoo::all_bugs().size()) << "a bug of the zoo has no case";
 }
 

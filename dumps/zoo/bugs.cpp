@@ -346,6 +346,34 @@ const std::vector<BugInfo>& all_bugs() {
     serving(Bug::BucketPadLeak, "bucket-pad-leak",
             "lets the real rows attend the padding rows added to fill a captured bucket shape",
             &BatchFaults::bucket_pad_leak, Signature::PaddingLeak, Feature::BucketPadding);
+    // --- tensor parallelism: they act between the ranks of a run with R > 1
+    // (impl/tensor_parallel.h) and are named rank by rank.
+    {
+      BugInfo& b = add(Bug::TpAllReduceMissing, "tp-allreduce-missing",
+                       "tensor parallel: skips the all-reduce after o_proj and after the MLP/MoE block, so each "
+                       "rank adds only its own partial sum to its residual stream");
+      b.tp_fault = &TpFaults::allreduce_missing;
+    }
+    {
+      BugInfo& b = add(Bug::TpAllReduceTwice, "tp-allreduce-twice",
+                       "tensor parallel: all-reduces the MLP/MoE block's output twice (the row-parallel down "
+                       "projection and the layer both reduce), so the residual stream gets R times the sum");
+      b.tp_fault = &TpFaults::allreduce_twice;
+    }
+    {
+      BugInfo& b = add(Bug::TpKvHeadsSplit, "tp-kv-heads-split",
+                       "tensor parallel with fewer kv heads than ranks: rank r takes kv head r mod Hkv instead "
+                       "of the one its query heads read (r*Hkv/R), splitting the kv heads where they should be "
+                       "replicated");
+      b.inapplicable = [](const ModelConfig& c) -> std::string {
+        if (c.mla.enabled) return "multi-head latent attention has no kv heads to shard (the latent is replicated)";
+        if (c.num_key_value_heads == 1) return "one kv head (MQA): every rank reads it whatever the split";
+        if (c.num_key_value_heads == c.num_attention_heads)
+          return "every query head has its own kv head: ranks never share one";
+        return "";
+      };
+      b.tp_fault = &TpFaults::kv_heads_split;
+    }
     return z;
   }();
   return bugs;
@@ -511,6 +539,28 @@ std::vector<const BugInfo*> batch_bugs() {
   std::vector<const BugInfo*> out;
   for (const BugInfo& info : all_bugs())
     if (info.is_batch()) out.push_back(&info);
+  return out;
+}
+
+bool TpFaults::any() const {
+  for (const BugInfo* info : tp_bugs())
+    if (this->*(info->tp_fault)) return true;
+  return false;
+}
+
+TpFaults tp_faults(const std::vector<BugSpec>& bugs) {
+  TpFaults f;
+  for (const BugSpec& b : bugs) {
+    const BugInfo& info = bug_info(b.bug);
+    if (info.tp_fault) f.*(info.tp_fault) = true;
+  }
+  return f;
+}
+
+std::vector<const BugInfo*> tp_bugs() {
+  std::vector<const BugInfo*> out;
+  for (const BugInfo& info : all_bugs())
+    if (info.is_tensor_parallel()) out.push_back(&info);
   return out;
 }
 

@@ -16,6 +16,13 @@
 // model-level loops skip them too; the diagnosis names them by their
 // fingerprints (positions, probabilities, the paged cache's bookkeeping).
 //
+// Tensor-parallel bugs (TpFaults) act between the ranks of a tensor-parallel
+// run (impl/tensor_parallel.h, `--tp R`, R > 1): the all-reduce of the
+// row-parallel outputs and the sharding of the kv heads. A single-rank run
+// cannot show them, so the model-level loops skip them too; a
+// tensor-parallel candidate is judged rank by rank and by replay with each
+// of them (bisect/tensor_parallel.h).
+//
 // Sampler bugs (sampler-*) change no tensor of the forward pass: they switch
 // a SamplerFaults flag that the sampler (dumps/sampling/sampling.h) honours when an
 // engine samples, and that compare/sampling_check tries when a dump's
@@ -49,7 +56,9 @@ enum class Bug {
   PadKeysUnmasked,
   // serving features: prefix cache, speculative decoding, bucket padding
   PrefixHashLastBlock, PrefixSharedWrite, SpecRollbackMissing, SpecContextRejected, SpecAcceptOffByOne,
-  BucketPadLeak
+  BucketPadLeak,
+  // tensor parallelism (several ranks in one engine)
+  TpAllReduceMissing, TpAllReduceTwice, TpKvHeadsSplit
 };
 
 // How a forward pass runs under the zoo's op-level bugs (all false: no bug).
@@ -111,6 +120,15 @@ struct BatchFaults {
 // The serving features a bug can need to act at all.
 enum class Feature { None, PrefixCache, Speculative, BucketPadding };
 const char* feature_name(Feature f);  // "prefix cache", "speculative decoding", "bucket padding"
+// How a tensor-parallel run (impl/tensor_parallel.h) departs from the
+// sharding and all-reduce of docs/DUMP_FORMAT.md "Tensor parallelism" (all
+// false: it does not). They act only with R > 1 ranks.
+struct TpFaults {
+  bool allreduce_missing = false;  // tp-allreduce-missing
+  bool allreduce_twice = false;    // tp-allreduce-twice
+  bool kv_heads_split = false;     // tp-kv-heads-split
+  bool any() const;
+};
 
 // The divergence patterns compare/'s fingerprints test (compare/diagnose.cpp);
 // each bug names the one it leaves.
@@ -158,6 +176,7 @@ struct BugInfo {
   bool Faults::*fault = nullptr;
   bool SamplerFaults::*sampler_fault = nullptr;
   bool BatchFaults::*batch_fault = nullptr;
+  bool TpFaults::*tp_fault = nullptr;
   // A parameterised bug: the config value it replaces ("rope theta"), the
   // model's own value, the value used when none is given, and the values a
   // diagnosis tries (the config's own is left out).
@@ -179,6 +198,8 @@ struct BugInfo {
   bool is_sampler() const { return sampler_fault != nullptr; }
   // Acts only in an engine running several sequences at once.
   bool is_batch() const { return batch_fault != nullptr; }
+  // Acts only between the ranks of a tensor-parallel run.
+  bool is_tensor_parallel() const { return tp_fault != nullptr; }
 };
 const std::vector<BugInfo>& all_bugs();
 const BugInfo& bug_info(Bug b);
@@ -224,5 +245,10 @@ std::vector<const BugInfo*> sampler_bugs();
 BatchFaults batch_faults(const std::vector<BugSpec>& bugs);
 // The entries of the batch bugs, in registry order.
 std::vector<const BugInfo*> batch_bugs();
+
+// The tensor-parallel bugs among `bugs`, as the flags the ranks honour.
+TpFaults tp_faults(const std::vector<BugSpec>& bugs);
+// The entries of the tensor-parallel bugs, in registry order.
+std::vector<const BugInfo*> tp_bugs();
 
 }  // namespace llmdiff::zoo
