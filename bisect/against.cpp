@@ -1,0 +1,122 @@
+#include "bisect/against.h"
+
+#include <memory>
+
+#include "bisect/prefix_replay.h"
+#include "dumps/base/errors.h"
+#include "dumps/contract/sequences.h"
+#include "dumps/contract/sites.h"
+
+namespace llmdiff::bisect {
+
+namespace {
+
+// One side's bisection with the views its results' names refer to.
+struct BisectedSide {
+  compare::AgainstSideInput input;
+  std::vector<std::unique_ptr<TensorSource>> views;
+
+  void add(std::unique_ptr<TensorSource> view, compare::SequenceBisect s) {
+    input.views.push_back(view.get());
+    views.push_back(std::move(view));
+    input.sequences.push_back(std::move(s));
+  }
+};
+
+// A view that only borrows `src` (the single-sequence dump itself).
+class Borrowed final : public TensorSource {
+ public:
+  explicit Borrowed(const TensorSource& src) : src_(src) {}
+  const std::string& label() const override { return src_.label(); }
+  const Manifest& manifest() const override { return src_.manifest(); }
+  std::vector<std::string> names() const override { return src_.names(); }
+  bool has(const std::string& n) const override { return src_.has(n); }
+  Shape shape(const std::string& n) const override { return src_.shape(n); }
+  TensorData get(const std::string& n) const override { return src_.get(n); }
+
+ private:
+  const TensorSource& src_;
+};
+
+// `seq` as bisected: through the prefix replay when it was served from a
+// prefix cache (the note says how its steps are numbered).
+std::unique_ptr<TensorSource> as_bisected(std::unique_ptr<TensorSource> seq, int b,
+                                          std::vector<std::string>& notes, std::vector<std::unique_ptr<TensorSource>>& keep) {
+  if (!has_prefix_hit(*seq)) return seq;
+  auto view = std::make_unique<PrefixReplayView>(*seq);
+  notes.push_back("seq" + std::to_string(b) + ": " + view->note());
+  keep.push_back(std::move(seq));  // the view reads it
+  return view;
+}
+
+BisectedSide bisect_side(const ModelOracles& m, const TensorSource& dump, const BisectOptions& opt, const char* side) {
+  BisectedSide s;
+  s.input.label = dump.label();
+  BisectOptions o = opt;
+  if (opt.progress) o.progress = [&opt, side](const std::string& what) { opt.progress(std::string(side) + ": " + what); };
+  std::vector<std::unique_ptr<TensorSource>> sources;  // what the prefix replays read
+  const std::vector<int> seqs = dump_sequences(dump);
+  if (seqs.empty()) {
+    std::unique_ptr<TensorSource> view = as_bisected(std::make_unique<Borrowed>(dump), 0, s.input.notes, sources);
+    compare::SequenceBisect b;
+    b.seq = 0;
+    b.result = bisect_candidate(m, *view, o);
+    s.add(std::move(view), std::move(b));
+  } else {
+    s.input.several = true;
+    bool hits = false;
+    for (int b : seqs) hits = hits || has_prefix_hit(SequenceView(dump, b));
+    if (!hits) {
+      compare::BatchBisect batch = bisect_batch(m, dump, o);
+      s.input.notes = std::move(batch.notes);
+      s.input.sampling = std::move(batch.sampling);
+      for (compare::SequenceBisect& b : batch.sequences) {
+        const int seq = b.seq;
+        s.add(std::make_unique<SequenceView>(dump, seq), std::move(b));
+      }
+    } else {
+      // The batch's schedule replay serves no prefix hits: each sequence
+      // against the reference running it alone, its own clean run.
+      s.input.notes.push_back("sequences served from a prefix cache: each sequence bisected on its own (the noise "
+                              "floor's second run is the clean impl running it alone)");
+      for (int b : seqs) {
+        std::unique_ptr<TensorSource> view =
+            as_bisected(std::make_unique<SequenceView>(dump, b), b, s.input.notes, sources);
+        compare::SequenceBisect r;
+        r.seq = b;
+        r.result = bisect_candidate(m, *view, o);
+        s.add(std::move(view), std::move(r));
+      }
+    }
+  }
+  for (auto& src : sources) s.views.push_back(std::move(src));
+  return s;
+}
+
+}  // namespace
+
+compare::TruthLogits float64_logits(const ModelOracles& m) {
+  return [&m](const std::vector<int64_t>& tokens) {
+    Scenario sc;
+    sc.name = "float64 logits";
+    sc.steps = {tokens};
+    const std::string name = step_name(0, Site::NextLogits);
+    const std::unique_ptr<MemoryDump> d = m.reference.run(sc, ComputeDType::Float64, {name});
+    return d->get(name).floats();
+  };
+}
+
+compare::AgainstResult bisect_against(const ModelOracles& m, const TensorSource& a, const TensorSource& b,
+                                      const BisectOptions& opt) {
+  if (!opt.noise_floor)
+    throw UsageError("--against judges each side by its own noise floor: not with --no-noise-floor");
+  if (!opt.layers.whole()) throw UsageError("--against: bisect both configurations whole, without --layers");
+  BisectedSide sa = bisect_side(m, a, opt, "A");
+  BisectedSide sb = bisect_side(m, b, opt, "B");
+  compare::AgainstResult r = compare::pair_against(std::move(sa.input), std::move(sb.input), float64_logits(m));
+  if (opt.progress) opt.progress("sequences paired by prompt");
+  if (r.model.empty()) r.model = dir_name(m.dir);
+  return r;
+}
+
+}  // namespace llmdiff::bisect
