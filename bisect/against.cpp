@@ -1,5 +1,6 @@
 #include "bisect/against.h"
 
+#include <map>
 #include <memory>
 
 #include "bisect/prefix_replay.h"
@@ -15,6 +16,7 @@ namespace {
 struct BisectedSide {
   compare::AgainstSideInput input;
   std::vector<std::unique_ptr<TensorSource>> views;
+  std::map<int, int64_t> replayed_prefix;  // seq -> its cached prefix, replayed as a call of its own
 
   void add(std::unique_ptr<TensorSource> view, compare::SequenceBisect s) {
     input.views.push_back(view.get());
@@ -40,11 +42,12 @@ class Borrowed final : public TensorSource {
 
 // `seq` as bisected: through the prefix replay when it was served from a
 // prefix cache (the note says how its steps are numbered).
-std::unique_ptr<TensorSource> as_bisected(std::unique_ptr<TensorSource> seq, int b,
-                                          std::vector<std::string>& notes, std::vector<std::unique_ptr<TensorSource>>& keep) {
+std::unique_ptr<TensorSource> as_bisected(std::unique_ptr<TensorSource> seq, int b, BisectedSide& side,
+                                          std::vector<std::unique_ptr<TensorSource>>& keep) {
   if (!has_prefix_hit(*seq)) return seq;
   auto view = std::make_unique<PrefixReplayView>(*seq);
-  notes.push_back("seq" + std::to_string(b) + ": " + view->note());
+  side.input.notes.push_back("seq" + std::to_string(b) + ": " + view->note());
+  side.replayed_prefix[b] = view->prefix_length();
   keep.push_back(std::move(seq));  // the view reads it
   return view;
 }
@@ -57,7 +60,7 @@ BisectedSide bisect_side(const ModelOracles& m, const TensorSource& dump, const 
   std::vector<std::unique_ptr<TensorSource>> sources;  // what the prefix replays read
   const std::vector<int> seqs = dump_sequences(dump);
   if (seqs.empty()) {
-    std::unique_ptr<TensorSource> view = as_bisected(std::make_unique<Borrowed>(dump), 0, s.input.notes, sources);
+    std::unique_ptr<TensorSource> view = as_bisected(std::make_unique<Borrowed>(dump), 0, s, sources);
     compare::SequenceBisect b;
     b.seq = 0;
     b.result = bisect_candidate(m, *view, o);
@@ -81,7 +84,7 @@ BisectedSide bisect_side(const ModelOracles& m, const TensorSource& dump, const 
                               "floor's second run is the clean impl running it alone)");
       for (int b : seqs) {
         std::unique_ptr<TensorSource> view =
-            as_bisected(std::make_unique<SequenceView>(dump, b), b, s.input.notes, sources);
+            as_bisected(std::make_unique<SequenceView>(dump, b), b, s, sources);
         compare::SequenceBisect r;
         r.seq = b;
         r.result = bisect_candidate(m, *view, o);
@@ -114,6 +117,13 @@ compare::AgainstResult bisect_against(const ModelOracles& m, const TensorSource&
   BisectedSide sa = bisect_side(m, a, opt, "A");
   BisectedSide sb = bisect_side(m, b, opt, "B");
   compare::AgainstResult r = compare::pair_against(std::move(sa.input), std::move(sb.input), float64_logits(m));
+  // A replayed prefix is the sequence's own first call as paired: said as
+  // what the dump served.
+  for (auto [side, out] : {std::pair{&sa, &r.a}, std::pair{&sb, &r.b}})
+    for (compare::AgainstSequence& q : out->sequences) {
+      auto it = side->replayed_prefix.find(q.bisect.seq);
+      if (it != side->replayed_prefix.end()) q.cached_prefix = it->second;
+    }
   if (opt.progress) opt.progress("sequences paired by prompt");
   if (r.model.empty()) r.model = dir_name(m.dir);
   return r;

@@ -82,8 +82,8 @@ struct AgainstSideInput {
 struct AgainstSequence {
   SequenceBisect bisect;          // seq, its bisection, its step and iteration of divergence
   std::vector<int64_t> prompt;
-  int64_t cached_prefix = 0;
-  int calls = 0;
+  int64_t cached_prefix = 0;      // positions its dump served from a prefix cache
+  int calls = 0;                  // its forward calls as bisected (a replayed cached prefix is one)
   int64_t positions = 0;          // the sequence's length after its last call
   std::vector<int64_t> generated;
   bool ok() const { return bisect.result.exit_code() == 0; }

@@ -207,11 +207,11 @@ std::string render_against_markdown(const AgainstResult& r) {
   for (const auto& [p, side_a] : bug_sides(r)) {
     const AgainstSequence& s = side_seq(r, *p, side_a);
     if (s.ok()) continue;
-    // The side's own report, its headings one level down.
+    // The side's own report, its headings two levels down.
     std::string report = render_bisect_markdown(s.bisect.result);
     std::string nested;
     std::istringstream lines(report);
-    for (std::string line; std::getline(lines, line);) nested += (line.rfind('#', 0) == 0 ? "#" : "") + line + "\n";
+    for (std::string line; std::getline(lines, line);) nested += (line.rfind('#', 0) == 0 ? "##" : "") + line + "\n";
     o += "\n## " + bug_title(r, *p, side_a) + "\n\n" + nested;
   }
   return o;
