@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "bisect/prefix_replay.h"
+#include "bisect/spec_replay.h"
 #include "dumps/base/errors.h"
 #include "dumps/contract/sequences.h"
 #include "dumps/contract/sites.h"
@@ -40,16 +41,29 @@ class Borrowed final : public TensorSource {
   const TensorSource& src_;
 };
 
-// `seq` as bisected: through the prefix replay when it was served from a
-// prefix cache (the note says how its steps are numbered).
+// Whether a sequence's calls need a view to be replayed as the reference
+// runs them: a prefix-cache hit, speculative verify calls.
+bool served(const TensorSource& seq) { return has_prefix_hit(seq) || has_verify_calls(seq); }
+
+// `seq` as bisected: its cached prefix replayed as a call of its own, its
+// verify calls as the one-token calls of their kept rows (the notes say how
+// its steps are numbered then).
 std::unique_ptr<TensorSource> as_bisected(std::unique_ptr<TensorSource> seq, int b, BisectedSide& side,
                                           std::vector<std::unique_ptr<TensorSource>>& keep) {
-  if (!has_prefix_hit(*seq)) return seq;
-  auto view = std::make_unique<PrefixReplayView>(*seq);
-  side.input.notes.push_back("seq" + std::to_string(b) + ": " + view->note());
-  side.replayed_prefix[b] = view->prefix_length();
-  keep.push_back(std::move(seq));  // the view reads it
-  return view;
+  if (has_prefix_hit(*seq)) {
+    auto view = std::make_unique<PrefixReplayView>(*seq);
+    side.input.notes.push_back("seq" + std::to_string(b) + ": " + view->note());
+    side.replayed_prefix[b] = view->prefix_length();
+    keep.push_back(std::move(seq));  // the view reads it
+    seq = std::move(view);
+  }
+  if (has_verify_calls(*seq)) {
+    auto view = std::make_unique<SpecSplitView>(*seq);
+    side.input.notes.push_back("seq" + std::to_string(b) + ": " + view->note());
+    keep.push_back(std::move(seq));
+    seq = std::move(view);
+  }
+  return seq;
 }
 
 BisectedSide bisect_side(const ModelOracles& m, const TensorSource& dump, const BisectOptions& opt, const char* side) {
@@ -67,9 +81,9 @@ BisectedSide bisect_side(const ModelOracles& m, const TensorSource& dump, const 
     s.add(std::move(view), std::move(b));
   } else {
     s.input.several = true;
-    bool hits = false;
-    for (int b : seqs) hits = hits || has_prefix_hit(SequenceView(dump, b));
-    if (!hits) {
+    bool views = false;
+    for (int b : seqs) views = views || served(SequenceView(dump, b));
+    if (!views) {
       compare::BatchBisect batch = bisect_batch(m, dump, o);
       s.input.notes = std::move(batch.notes);
       s.input.sampling = std::move(batch.sampling);
@@ -78,10 +92,11 @@ BisectedSide bisect_side(const ModelOracles& m, const TensorSource& dump, const 
         s.add(std::make_unique<SequenceView>(dump, seq), std::move(b));
       }
     } else {
-      // The batch's schedule replay serves no prefix hits: each sequence
-      // against the reference running it alone, its own clean run.
-      s.input.notes.push_back("sequences served from a prefix cache: each sequence bisected on its own (the noise "
-                              "floor's second run is the clean impl running it alone)");
+      // The batch's schedule replay serves no prefix hits and rolls back no
+      // drafts: each sequence against the reference running it alone, its
+      // own clean run.
+      s.input.notes.push_back("sequences served from a prefix cache or decoded speculatively: each sequence bisected "
+                              "on its own (the noise floor's second run is the clean impl running it alone)");
       for (int b : seqs) {
         std::unique_ptr<TensorSource> view =
             as_bisected(std::make_unique<SequenceView>(dump, b), b, s, sources);

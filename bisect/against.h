@@ -7,8 +7,10 @@
 // settle a greedy flip.
 //
 // A sequence served from a prefix cache (step0.kv.cached_prefix) is
-// bisected through bisect/prefix_replay.h, each such sequence of a batch on
-// its own (the batch's schedule replay does not serve prefix hits; a note
+// bisected through bisect/prefix_replay.h, one decoded speculatively
+// (step{n}.spec.accepted) through bisect/spec_replay.h; a batch holding such
+// a sequence has each of its sequences bisected on its own (the batch's
+// schedule replay serves no prefix hits and rolls back no drafts; a note
 // says so).
 #pragma once
 #include "bisect/pipeline.h"

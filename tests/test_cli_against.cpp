@@ -6,6 +6,7 @@
 // a bug in that side, named; the reports say the same headline.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -200,6 +201,53 @@ TEST(CliAgainst, APrefixCacheHitIsLegitimateAndAWrongServedBlockIsABug) {
   EXPECT_EQ(code, 1);
   EXPECT_EQ(j["pairs"][0]["verdict"], "bug-in-b");
   EXPECT_EQ(j["b"]["sequences"][0]["bisect"]["localised_at"], "step1.layers.0.attn.k_cache") << j["headline"];
+}
+
+// A speculative run made from the impl's own calls: the prompt, then one
+// verify call feeding g0 with the drafts g1 (the greedy next token) and a
+// wrong one, `accepted` of them kept; `generated` as the engine would say.
+std::string speculative(const std::string& model, int accepted, const std::string& tag) {
+  DumpFile plain(single(model));
+  const std::vector<int64_t> g = plain.get("generated").i;  // g0 .. g3
+  const int64_t wrong = (g[2] + 1) % 100;
+  const std::string tokens = kP + "," + std::to_string(g[0]) + "," + std::to_string(g[1]) + "," + std::to_string(wrong);
+  DumpFile run(impl_dump(model, tag + "-calls", {"--tokens", tokens, "--chunks", "5,3"}));
+  MemoryDump spec("speculative");
+  copy_into(run, spec);
+  spec.put(int_tensor("step1.spec.draft", {2}, {g[1], wrong}));
+  spec.put(int_tensor("step1.spec.accepted", {1}, {accepted}));
+  // The prompt's pick, then the kept drafts and the pick after the last kept row.
+  const std::vector<float> last = run.get("step1.logits").f;
+  const int64_t v = int64_t(last.size()) / 3;
+  const auto row_argmax = [&](int64_t r) {
+    return int64_t(std::max_element(last.begin() + r * v, last.begin() + (r + 1) * v) - (last.begin() + r * v));
+  };
+  std::vector<int64_t> generated = {g[0], g[1]};
+  if (accepted == 2) generated.push_back(wrong);
+  generated.push_back(row_argmax(accepted));
+  spec.put(int_tensor("generated", {int64_t(generated.size())}, generated));
+  const std::string out = temp_path("against-spec-" + tag + ".safetensors");
+  spec.save(out);
+  return out;
+}
+
+// Speculative decoding on vs off: the verify call's kept rows are the
+// one-token decodes' positions, the rejected draft rolled back; a verify
+// call that keeps a draft its own logits reject is a bug of that side.
+TEST(CliAgainst, SpeculativeDecodingOnVsOffIsLegitimateAndAWrongAcceptanceIsABug) {
+  const std::string off = impl_dump("llama-gqa", "decode2", {"--tokens", kP, "--decode", "2"});
+  int code = -1;
+  nlohmann::json j = against("llama-gqa", speculative("llama-gqa", 1, "ok"), off, &code);
+  expect_all_legitimate(j, code, 1);
+  EXPECT_EQ(j["pairs"][0]["common_positions"], 7);
+  EXPECT_GT(j["pairs"][0]["compared"].get<int>(), 0);
+  EXPECT_EQ(j["a"]["sequences"][0]["calls"], 3);  // the prompt, then the two kept rows
+  EXPECT_NE(j["a"]["notes"][0].get<std::string>().find("verify call(s) 1"), std::string::npos) << j["a"]["notes"];
+
+  j = against("llama-gqa", speculative("llama-gqa", 2, "wrong"), off, &code);
+  EXPECT_EQ(code, 1);
+  EXPECT_EQ(j["pairs"][0]["verdict"], "bug-in-a") << j["headline"];
+  EXPECT_EQ(j["a"]["sequences"][0]["bisect"]["first_divergence"], "generated");
 }
 
 TEST(CliAgainst, ReportsSayTheHeadlineAndBadInputIsExitTwo) {
