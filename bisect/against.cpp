@@ -5,6 +5,7 @@
 
 #include "bisect/prefix_replay.h"
 #include "bisect/spec_replay.h"
+#include "bisect/tp_unshard.h"
 #include "dumps/base/errors.h"
 #include "dumps/contract/sequences.h"
 #include "dumps/contract/sites.h"
@@ -66,12 +67,21 @@ std::unique_ptr<TensorSource> as_bisected(std::unique_ptr<TensorSource> seq, int
   return seq;
 }
 
-BisectedSide bisect_side(const ModelOracles& m, const TensorSource& dump, const BisectOptions& opt, const char* side) {
+BisectedSide bisect_side(const ModelOracles& m, const TensorSource& file, const BisectOptions& opt, const char* side) {
   BisectedSide s;
-  s.input.label = dump.label();
+  s.input.label = file.label();
   BisectOptions o = opt;
   if (opt.progress) o.progress = [&opt, side](const std::string& what) { opt.progress(std::string(side) + ": " + what); };
-  std::vector<std::unique_ptr<TensorSource>> sources;  // what the prefix replays read
+  std::vector<std::unique_ptr<TensorSource>> sources;  // what the views read
+  // Tensor-parallel ranks: the rank-less run they make together.
+  const TensorSource* whole = &file;
+  if (has_rank_names(file)) {
+    auto unsharded = std::make_unique<UnshardView>(file, m.model.config);
+    s.input.notes.push_back(unsharded->note());
+    whole = unsharded.get();
+    sources.push_back(std::move(unsharded));
+  }
+  const TensorSource& dump = *whole;
   const std::vector<int> seqs = dump_sequences(dump);
   if (seqs.empty()) {
     std::unique_ptr<TensorSource> view = as_bisected(std::make_unique<Borrowed>(dump), 0, s, sources);

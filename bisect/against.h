@@ -6,7 +6,8 @@
 // compare/against.h, which asks this file for the float64 logits that
 // settle a greedy flip.
 //
-// A sequence served from a prefix cache (step0.kv.cached_prefix) is
+// A tensor-parallel run (rank{r}. names) is read unsharded
+// (bisect/tp_unshard.h). A sequence served from a prefix cache (step0.kv.cached_prefix) is
 // bisected through bisect/prefix_replay.h, one decoded speculatively
 // (step{n}.spec.accepted) through bisect/spec_replay.h; a batch holding such
 // a sequence has each of its sequences bisected on its own (the batch's

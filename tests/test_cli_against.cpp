@@ -8,11 +8,14 @@
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "dumps/contract/dump.h"
 #include "dumps/contract/names.h"
+#include "dumps/contract/rows.h"
+#include "dumps/model/config.h"
 #include "tests/cli_runner.h"
 #include "tests/support.h"
 #include "tests/test_compare_helpers.h"
@@ -248,6 +251,78 @@ TEST(CliAgainst, SpeculativeDecodingOnVsOffIsLegitimateAndAWrongAcceptanceIsABug
   EXPECT_EQ(code, 1);
   EXPECT_EQ(j["pairs"][0]["verdict"], "bug-in-a") << j["headline"];
   EXPECT_EQ(j["a"]["sequences"][0]["bisect"]["first_divergence"], "generated");
+}
+
+// A tensor-parallel run of R ranks made from a single run's tensors by the
+// format's shard table: query heads, kv heads (one head on R / Hkv ranks
+// when Hkv < R) and the MLP's columns split in rank order, the partial sums
+// as rank 0 holding the whole and the others zeros, every other name under
+// rank0 only. `twice`: rank 1's partial sum of this name is rank 0's (an
+// all-reduce that adds one rank twice).
+std::string tensor_parallel(const std::string& model, int ranks, const std::string& twice = "") {
+  const ModelConfig cfg = load_config(golden_model(model));
+  DumpFile one(single(model));
+  MemoryDump tp("tensor parallel");
+  tp.mutable_manifest() = one.manifest();
+  tp.mutable_manifest().extra["tensor_parallel"] = "{\"ranks\": " + std::to_string(ranks) + "}";
+  const std::set<std::string> q_cols = {"attn.q", "attn.q_norm", "attn.ctx"}, q_heads = {"attn.q_rope", "attn.scores",
+      "attn.probs", "attn.k_rep", "attn.v_rep"}, kv_cols = {"attn.k", "attn.v", "attn.k_norm"},
+      kv_heads = {"attn.k_rope", "attn.k_cache", "attn.v_cache"}, mlp = {"mlp.gate", "mlp.up", "mlp.act"},
+      partial = {"attn.out", "mlp.down"};
+  auto part = [](const TensorData& t, int axis, int64_t k, int64_t of) {
+    const int64_t n = t.shape[size_t(axis)] / of;
+    std::vector<int64_t> rows;
+    for (int64_t i = k * n; i < (k + 1) * n; ++i) rows.push_back(i);
+    TensorData o = select_rows(t, rows, axis);
+    o.rows.clear();
+    return o;
+  };
+  for (const std::string& n : one.names()) {
+    const CanonName c = parse_name(n);
+    const TensorData t = one.get(n);
+    const bool q = q_cols.count(c.site) || q_heads.count(c.site), kv = kv_cols.count(c.site) || kv_heads.count(c.site);
+    const int axis = q_cols.count(c.site) || kv_cols.count(c.site) || mlp.count(c.site) ? 1 : 0;
+    for (int r = 0; r < ranks; ++r) {
+      TensorData s;
+      if (q || mlp.count(c.site)) {
+        s = part(t, axis, r, ranks);
+      } else if (kv) {
+        const int64_t hkv = cfg.num_key_value_heads;
+        s = hkv >= ranks ? part(t, axis, r, ranks) : part(t, axis, r * hkv / ranks, hkv);
+      } else if (partial.count(c.site)) {
+        s = t;
+        if (r > 0 && n != twice) std::fill(s.f.begin(), s.f.end(), 0.0f);
+      } else if (r == 0) {
+        s = t;
+      } else {
+        continue;
+      }
+      s.name = "rank" + std::to_string(r) + "." + n;
+      tp.put(std::move(s));
+    }
+  }
+  const std::string out = temp_path("against-tp-" + model + "-" + std::to_string(ranks) + (twice.empty() ? "" : "-twice") + ".safetensors");
+  tp.save(out);
+  return out;
+}
+
+// TP 1 vs R: the ranks' shards unsharded are the single run's tensors; an
+// all-reduce that adds one rank's partial sum twice is a bug of that side.
+TEST(CliAgainst, TensorParallelRanksAreUnshardedAndADoubledPartialSumIsABug) {
+  for (const std::string model : {"llama-gqa", "llama3-mqa-scaled"}) {  // Hkv = 2 and 1 over 2 ranks
+    SCOPED_TRACE(model);
+    int code = -1;
+    nlohmann::json j = against(model, single(model), tensor_parallel(model, 2), &code);
+    expect_all_legitimate(j, code, 1);
+    EXPECT_FALSE(j["pairs"][0]["first_difference"].is_object()) << j["pairs"][0]["headline"];
+    EXPECT_NE(j["b"]["notes"][0].get<std::string>().find("2 tensor-parallel ranks unsharded"), std::string::npos);
+  }
+  int code = -1;
+  const nlohmann::json j =
+      against("llama-gqa", single("llama-gqa"), tensor_parallel("llama-gqa", 2, "step1.layers.0.attn.out"), &code);
+  EXPECT_EQ(code, 1);
+  EXPECT_EQ(j["pairs"][0]["verdict"], "bug-in-b");
+  EXPECT_EQ(j["b"]["sequences"][0]["bisect"]["first_divergence"], "step1.layers.0.attn.out") << j["headline"];
 }
 
 TEST(CliAgainst, ReportsSayTheHeadlineAndBadInputIsExitTwo) {
