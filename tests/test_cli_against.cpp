@@ -341,6 +341,17 @@ TEST(CliAgainst, ReportsSayTheHeadlineAndBadInputIsExitTwo) {
   const std::string page = read_text(html);
   EXPECT_NE(page.find("id=\"pairs\""), std::string::npos);
   EXPECT_TRUE(embedded_json(page, "chart-data").is_object());
+  // The page draws in a browser (scripts/setup.sh installs chromium): the
+  // buggy side's chart and heatmap, no script error.
+  std::string dom;
+  run_command("timeout 90 chromium --headless --no-sandbox --disable-gpu --user-data-dir=" +
+                  temp_path("chromium-profile-against") + " --dump-dom " + html + " 2>/dev/null",
+              &dom);
+  const size_t body = dom.find("<body");
+  ASSERT_NE(body, std::string::npos) << dom.substr(0, 2000);
+  const std::string tag = dom.substr(body, dom.find('>', body) - body);
+  EXPECT_NE(tag.find("data-rendered=\"ok\""), std::string::npos) << tag;
+  EXPECT_EQ(tag.find("data-error"), std::string::npos) << tag;
 
   const std::string model = golden_model("llama-gqa");
   EXPECT_EQ(run_cli({"bisect", "--model", model, a, "--against", b, "--no-noise-floor"}).code, 2);
