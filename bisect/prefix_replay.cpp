@@ -1,5 +1,6 @@
 #include "bisect/prefix_replay.h"
 
+#include "compare/against.h"
 #include "dumps/base/errors.h"
 #include "dumps/contract/names.h"
 #include "dumps/contract/sites.h"
@@ -9,7 +10,7 @@ namespace llmdiff::bisect {
 namespace {
 
 // The served tokens (docs/DUMP_FORMAT.md, "Prefix cache").
-const std::string kCachedPrefix = "step0.kv.cached_prefix";
+const std::string kCachedPrefix = step_name(0, compare::kCachedPrefixSite);
 
 // `name` with its step moved by `shift` (names outside the steps as they are).
 std::string shifted(const std::string& name, int shift) {

@@ -10,7 +10,7 @@ namespace llmdiff::bisect {
 
 namespace {
 
-const std::string kAccepted = "spec.accepted";  // docs/DUMP_FORMAT.md, "Speculative decoding"
+const std::string kAccepted = compare::kSpecAcceptedSite;  // docs/DUMP_FORMAT.md, "Speculative decoding"
 
 // `t` with its axis `axis` cut to its first `n` entries.
 TensorData first_along(const TensorData& t, int axis, int64_t n) {

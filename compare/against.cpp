@@ -22,10 +22,6 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// The serving features' bookkeeping (docs/DUMP_FORMAT.md, "Serving features").
-constexpr const char* kCachedPrefix = "kv.cached_prefix";  // step 0: the tokens served from a prefix cache
-constexpr const char* kSpecAccepted = "spec.accepted";     // a verify call's accepted drafts
-
 // The metric of a noise-floor judgement (compare/noise_floor.h).
 constexpr const char* kNoiseMetric = "rmse vs float64";
 
@@ -43,7 +39,7 @@ std::vector<int64_t> SequenceTimeline::prompt() const {
 
 SequenceTimeline sequence_timeline(const TensorSource& seq) {
   SequenceTimeline tl;
-  const std::string prefix = step_name(0, kCachedPrefix);
+  const std::string prefix = step_name(0, kCachedPrefixSite);
   if (seq.has(prefix)) {
     tl.tokens = ints_of(seq, prefix, "I64 [H] (the tokens served from the prefix cache)");
     tl.cached_prefix = int64_t(tl.tokens.size());
@@ -56,7 +52,7 @@ SequenceTimeline sequence_timeline(const TensorSource& seq) {
     c.start = length;
     c.tokens = int64_t(steps[size_t(n)].size());
     c.kept = c.tokens;
-    const std::string accepted = step_name(n, kSpecAccepted);
+    const std::string accepted = step_name(n, kSpecAcceptedSite);
     if (seq.has(accepted)) {
       const std::vector<int64_t> a = ints_of(seq, accepted, "I64 [1] (the drafts accepted)");
       if (a.size() != 1 || a[0] < 0 || a[0] >= c.tokens)

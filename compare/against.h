@@ -35,6 +35,11 @@
 
 namespace llmdiff::compare {
 
+// The serving features' bookkeeping sites (docs/DUMP_FORMAT.md, "Serving
+// features"), outside the site table's forward pass.
+inline constexpr const char* kCachedPrefixSite = "kv.cached_prefix";  // step 0: the tokens served from a prefix cache
+inline constexpr const char* kSpecAcceptedSite = "spec.accepted";     // a verify call's accepted drafts
+
 // One forward call of a sequence, placed on its positions.
 struct CallSpan {
   int step = 0;
