@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <functional>
 
+#include "compare/against_report.h"
 #include "compare/bisect_report.h"
 #include "compare/report.h"
 #include "compare/report_html.h"
@@ -50,21 +51,26 @@ bisect::BisectOptions bisect_options(const BisectCliOptions& o, const PhaseLog* 
 
 namespace {
 
-// What a single-sequence and a batched bisection print alike: `shown`'s
-// Markdown and HTML reports, the JUnit XML, the JSON or the table.
-int emit_result(int code, const compare::BisectResult& shown, const std::function<nlohmann::json()>& to_json,
-                const std::function<std::string(const compare::BisectTableOptions&)>& to_table,
-                const std::function<std::string()>& to_junit, const BisectCliOptions& o) {
-  if (!o.report.empty()) write_file_atomic(o.report, compare::render_bisect_markdown(shown));
-  if (!o.html.empty()) write_file_atomic(o.html, compare::render_bisect_html(shown));
-  if (!o.junit.empty()) write_file_atomic(o.junit, to_junit());
+// How one result is said in each format (junit may be empty: none).
+struct Renderers {
+  std::function<nlohmann::json()> json;
+  std::function<std::string(const compare::BisectTableOptions&)> table;
+  std::function<std::string()> markdown, html, junit;
+};
+
+// What every bisection prints alike: the Markdown and HTML reports, the
+// JUnit XML, the JSON or the table.
+int emit_result(int code, const Renderers& to, const BisectCliOptions& o) {
+  if (!o.report.empty()) write_file_atomic(o.report, to.markdown());
+  if (!o.html.empty()) write_file_atomic(o.html, to.html());
+  if (!o.junit.empty() && to.junit) write_file_atomic(o.junit, to.junit());
   std::string text;
   if (o.json) {
-    text = to_json().dump(2) + "\n";
+    text = to.json().dump(2) + "\n";
   } else {
     compare::BisectTableOptions t;
     t.all = o.all;
-    text = to_table(t);
+    text = to.table(t);
   }
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fflush(stdout);
@@ -74,18 +80,31 @@ int emit_result(int code, const compare::BisectResult& shown, const std::functio
 }  // namespace
 
 int emit_bisect(const compare::BisectResult& r, const BisectCliOptions& o) {
-  return emit_result(
-      r.exit_code(), r, [&] { return compare::bisect_to_json(r); },
-      [&](const compare::BisectTableOptions& t) { return compare::render_bisect_table(r, t); },
-      [&] { return compare::render_bisect_junit(r); }, o);
+  return emit_result(r.exit_code(),
+                     {[&] { return compare::bisect_to_json(r); },
+                      [&](const compare::BisectTableOptions& t) { return compare::render_bisect_table(r, t); },
+                      [&] { return compare::render_bisect_markdown(r); }, [&] { return compare::render_bisect_html(r); },
+                      [&] { return compare::render_bisect_junit(r); }},
+                     o);
 }
 
 int emit_batch_bisect(const compare::BatchBisect& b, const BisectCliOptions& o) {
-  const compare::SequenceBisect* shown = b.first_divergent() ? b.first_divergent() : &b.sequences.front();
-  return emit_result(
-      b.exit_code(), shown->result, [&] { return compare::batch_to_json(b); },
-      [&](const compare::BisectTableOptions& t) { return compare::render_batch_table(b, t); },
-      [&] { return compare::render_batch_junit(b); }, o);
+  const compare::BisectResult& shown = (b.first_divergent() ? b.first_divergent() : &b.sequences.front())->result;
+  return emit_result(b.exit_code(),
+                     {[&] { return compare::batch_to_json(b); },
+                      [&](const compare::BisectTableOptions& t) { return compare::render_batch_table(b, t); },
+                      [&] { return compare::render_bisect_markdown(shown); },
+                      [&] { return compare::render_bisect_html(shown); }, [&] { return compare::render_batch_junit(b); }},
+                     o);
+}
+
+int emit_against(const compare::AgainstResult& r, const BisectCliOptions& o) {
+  return emit_result(r.exit_code(),
+                     {[&] { return compare::against_to_json(r); },
+                      [&](const compare::BisectTableOptions& t) { return compare::render_against_table(r, t); },
+                      [&] { return compare::render_against_markdown(r); },
+                      [&] { return compare::render_against_html(r); }, {}},
+                     o);
 }
 
 }  // namespace llmdiff::cli

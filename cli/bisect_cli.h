@@ -7,6 +7,7 @@
 
 #include "bisect/pipeline.h"
 #include "cli/common.h"
+#include "compare/against.h"
 #include "compare/batch_report.h"
 #include "compare/bisect_result.h"
 
@@ -36,5 +37,9 @@ int emit_bisect(const compare::BisectResult& r, const BisectCliOptions& o);
 // JUnit; the Markdown and HTML reports are the first divergent sequence's
 // (else seq0's).
 int emit_batch_bisect(const compare::BatchBisect& b, const BisectCliOptions& o);
+// Two configurations (`bisect --against`): the pairs' table or JSON, the
+// Markdown and HTML reports of the comparison; 0 when every pair is
+// legitimate, 1 when a side has a bug.
+int emit_against(const compare::AgainstResult& r, const BisectCliOptions& o);
 
 }  // namespace llmdiff::cli

@@ -1,10 +1,14 @@
 // llmdiff bisect --model DIR CANDIDATE [--no-noise-floor] [--no-local]
 //   [--no-diagnose] [--json] [--all] [--report FILE.md] [--html FILE.html] [--junit FILE.xml] [--sites GLOB,...]
-//   [--tol GLOB=SPEC]... [--rtol X] [--atol X] [--threads N] [--layers A:B]
+//   [--tol GLOB=SPEC]... [--rtol X] [--atol X] [--threads N] [--layers A:B] [--against B]
 // An external dump (any producer) against the ref: the candidate's own
 // forward calls are replayed through the ref at the candidate's compute dtype
 // and in float64; the first divergence (noise floor), the local errors
-// (teacher forcing) and a diagnosis from the bug zoo.
+// (teacher forcing) and a diagnosis from the bug zoo. With --against B: the
+// same engine's dumps of the same requests under two configurations, each
+// side bisected, the sequences paired by prompt, one verdict per pair
+// (docs/AGAINST.md).
+#include "bisect/against.h"
 #include "cli/commands.h"
 #include "cli/bisect_cli.h"
 #include "dumps/base/errors.h"
@@ -18,6 +22,7 @@ struct BisectCommandOptions {
   std::string model, candidate;
   std::string source;  // full-precision checkpoint of a quantised --model
   std::string layers;  // --layers A:B: a shard (dumps/contract/layer_window.h)
+  std::string against;  // --against B: the other configuration's dump (compare/against.h)
   BisectCliOptions bisect;
 };
 
@@ -35,6 +40,13 @@ int run_bisect(const BisectCommandOptions& o) {
   if (!o.layers.empty()) {
     opt.layers = parse_layer_window(o.layers, int(m.model.config.num_hidden_layers));
     if (!o.source.empty()) throw UsageError("--layers: --source compares every layer; run it without shards");
+  }
+  if (!o.against.empty()) {
+    if (!o.source.empty()) throw UsageError("--source: not with --against (bisect each configuration with it)");
+    if (!o.layers.empty()) throw UsageError("--layers: --against bisects both configurations whole");
+    if (!o.bisect.junit.empty()) throw UsageError("--junit: not with --against (text, --json, --report, --html)");
+    DumpFile other(o.against);
+    return emit_against(bisect::bisect_against(m, cand, other, opt), o.bisect);
   }
   if (cand.manifest().extra.count(tensor_parallel_key())) {
     // Tensor parallel: judged unsharded and rank by rank (bisect/tensor_parallel.h).
@@ -67,6 +79,12 @@ void setup_bisect(CLI::App& app, Action& action) {
   sub->add_option("--layers", o->layers,
                   "analyse only layers A to B-1 (A:B), every run starting from the candidate's residual stream "
                   "entering layer A: a shard, one process each, joined by `llmdiff merge` (use with --json)");
+  sub->add_option("--against", o->against,
+                  "the same engine's dump of the same requests under another configuration (batch 1 vs N, chunk "
+                  "sizes, prefix cache cold vs warm, speculative decoding, ring vs paged cache): each side bisected "
+                  "with its own noise floor, sequences paired by prompt, one verdict per pair: legitimate (the first "
+                  "op where they differ, the largest difference over the noise floor, greedy flips at near-ties) or a "
+                  "bug in A / in B (exit 1); JSON schema llmdiff.against/1 (docs/AGAINST.md)");
   add_bisect_cli_options(*sub, o->bisect);
   sub->callback([o, &action] { action = [o] { return run_bisect(*o); }; });
 }

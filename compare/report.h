@@ -36,6 +36,8 @@ std::string render_regress_junit(const RegressionReport& r);
 
 // Escapes &, <, >, " and ' (and drops control characters XML 1.0 forbids).
 std::string xml_escape(const std::string& s);
+// A Markdown table cell: '|' escaped, newlines flattened to spaces.
+std::string md_cell(const std::string& s);
 
 
 }  // namespace llmdiff::compare

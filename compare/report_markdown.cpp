@@ -8,21 +8,7 @@
 namespace llmdiff::compare {
 
 namespace {
-// Table cells must not break the row: escape '|' and flatten newlines.
-std::string cell(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '|')
-      out += "\\|";
-    else if (c == '\n')
-      out += ' ';
-    else
-      out += c;
-  }
-  return out;
-}
-
-std::string code(const std::string& s) { return "`" + cell(s) + "`"; }
+std::string code(const std::string& s) { return "`" + md_cell(s) + "`"; }
 
 std::string fixed(double v, int digits) {
   if (!std::isfinite(v)) return fmt_num(v);
@@ -44,7 +30,7 @@ void tensor_table(std::string& out, const std::vector<const TensorComparison*>& 
     bool flt = t->shape_match && !t->is_int;
     std::string shape = shape_str(t->ref_shape);
     if (!t->shape_match) shape += " vs " + shape_str(t->cand_shape);
-    out += "| " + code(t->name) + " | " + cell(shape) + " | " + (t->shape_match ? fmt_num(t->max_abs()) : "-") + " | " +
+    out += "| " + code(t->name) + " | " + md_cell(shape) + " | " + (t->shape_match ? fmt_num(t->max_abs()) : "-") + " | " +
            (flt ? fmt_num(t->metrics.nmse) : "-") + " | " + (flt ? fixed(t->metrics.cosine, 7) : "-") + " | " +
            (flt ? std::to_string(t->metrics.max_ulp) : "-") + " | " + (flt ? fmt_num(t->allclose.min_atol) : "-") + " | " +
            (flt ? fmt_num(t->allclose.min_rtol) : "-") + " | " +
@@ -55,8 +41,8 @@ void tensor_table(std::string& out, const std::vector<const TensorComparison*>& 
 
 void side(std::string& out, const char* title, const SideSummary& s) {
   const Manifest& m = s.manifest;
-  out += "| " + std::string(title) + " | " + code(s.label) + " | " + cell(m.producer) + " | " + cell(m.model) + " | " +
-         cell(m.scenario) + " | " + std::to_string(s.steps) + " | " + cell(m.dtype) + " | " + std::to_string(s.tensors) +
+  out += "| " + std::string(title) + " | " + code(s.label) + " | " + md_cell(m.producer) + " | " + md_cell(m.model) + " | " +
+         md_cell(m.scenario) + " | " + std::to_string(s.steps) + " | " + md_cell(m.dtype) + " | " + std::to_string(s.tensors) +
          " |\n";
 }
 }  // namespace

@@ -26,6 +26,19 @@ nlohmann::json json_num(double v) {
   return fmt_num(v);
 }
 
+std::string md_cell(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '|')
+      out += "\\|";
+    else if (c == '\n')
+      out += ' ';
+    else
+      out += c;
+  }
+  return out;
+}
+
 std::string xml_escape(const std::string& s) {
   std::string out;
   out.reserve(s.size());
