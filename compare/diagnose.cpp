@@ -149,7 +149,9 @@ std::optional<std::string> BisectResult::localised_at() const {
   return first_divergence();
 }
 
-bool BisectResult::ok() const { return global.failing() == 0 && local.failing() == 0 && !global.tensors.empty(); }
+bool BisectResult::ok() const {
+  return (global.failing() == 0 || flips_explain) && local.failing() == 0 && !global.tensors.empty();
+}
 
 ComputeDType candidate_dtype(const TensorSource& cand, std::string* source) {
   if (auto d = manifest_dtype(cand.manifest())) {
@@ -1070,6 +1072,30 @@ auto beside(Mine&& mine, Other&& other) {
 
 // bisect() of `cand` (a shard's view of the candidate when `window` is not
 // the whole model).
+// Expert choices that differ from the reference's only at near-ties: one
+// note per routing site; with every op right on its own inputs, names that
+// diverge only after the first such flip (canonical order) follow from it.
+void explain_by_routing_flips(BisectResult& r) {
+  std::optional<size_t> first;
+  for (size_t i = 0; i < r.global.tensors.size(); ++i) {
+    const TensorComparison& t = r.global.tensors[i];
+    if (!t.is_int || !t.pass || t.ints.mismatches == 0) continue;
+    if (t.judgement.note.rfind("routing flip at a near-tie", 0) != 0) continue;
+    if (!first) first = i;
+    r.routing_flips.push_back(t.name);
+    if (r.routing_flips.size() <= 8) r.notes.push_back(t.name + ": " + t.judgement.note + " (not a routing bug)");
+  }
+  if (r.routing_flips.size() > 8)
+    r.notes.push_back(std::to_string(r.routing_flips.size() - 8) + " more routing sites flip at near-ties");
+  if (!first || r.global.ok() || !r.local.ran || r.local.first_failure) return;
+  for (size_t i = 0; i <= *first; ++i)
+    if (!r.global.tensors[i].pass) return;
+  r.flips_explain = true;
+  r.notes.push_back(std::to_string(r.global.failing()) + " names diverge after " + r.global.tensors[*first].name +
+                    ", whose expert choices differ from the reference's at near-ties: the tokens ran other experts "
+                    "from there on, and every op is right on its own inputs");
+}
+
 BisectResult bisect_source(const TensorSource& cand, const WindowSource* view, const LayerWindow& window,
                            const ReferenceRunner& reference, const LocalOracle* oracle,
                            const HypothesisRunner* hypotheses, const BisectOptions& opt) {
@@ -1169,6 +1195,7 @@ BisectResult bisect_source(const TensorSource& cand, const WindowSource* view, c
   if (opt.noise_floor) {
     auto criterion = std::make_shared<NoiseFloorCriterion>(truth, r.dtype, clean);
     criterion->set_reference(ref);
+    criterion->set_candidate(&cand);
     co.criterion = criterion;
     r.noise_floor = true;
     if (clean) r.second_noise = clean->label();
@@ -1277,6 +1304,7 @@ BisectResult bisect_source(const TensorSource& cand, const WindowSource* view, c
                         " candidate names have no local recompute (their inputs are not in the dump and cannot be "
                         "derived), e.g. " + missing.front());
   }
+  explain_by_routing_flips(r);
   // NaN/Inf the reference does not have: a finding of its own, at the first
   // name (canonical order) that holds them.
   for (const TensorComparison& t : r.global.tensors)
@@ -1300,7 +1328,7 @@ BisectResult bisect_source(const TensorSource& cand, const WindowSource* view, c
       break;
     }
   const LocalSite* product_failure = nullptr;
-  if (!r.global.ok() && !r.declare_dtype && r.local.ran && cache16) {
+  if (!r.global.ok() && !r.flips_explain && !r.declare_dtype && r.local.ran && cache16) {
     if (!r.local.first_failure) {
       r.declare_kv_cache = cache16;
     } else {
@@ -1366,6 +1394,9 @@ BisectResult bisect_source(const TensorSource& cand, const WindowSource* view, c
                            "candidate is within the noise floor. It computes in " + d +
                            " (its matmul inputs rounded to the weights' dtype) while its manifest says float32; "
                            "declare \"dtype\": \"" + d + "\" in the dump's manifest";
+  } else if (r.flips_explain) {
+    r.diagnosis.needed = false;
+    r.diagnosis.evidence = "routing flips at near-ties explain every divergence";
   } else if (opt.diagnose) {
     DiagnoseInputs in;
     in.cand = &cand;

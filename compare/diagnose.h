@@ -185,6 +185,13 @@ struct BisectResult {
   // A precision profile (its manifest JSON) that explains the divergence:
   // the candidate rounds as ggml does for the model's quantised weights.
   std::optional<std::string> declare_precision;
+  // `moe.topk_ids` names whose expert choices differ from the reference's
+  // only at near-ties (NoiseFloorCriterion::judge_routing): reported, not
+  // divergences. With no local failure, names diverging only after the first
+  // of them follow from it (the tokens ran other experts), and the candidate
+  // passes (flips_explain).
+  std::vector<std::string> routing_flips;
+  bool flips_explain = false;
   // Set when no bug fits and every diverging name matches the reference
   // after one and the same layout transform (an engine's own layout, e.g.
   // llama.cpp's q/k rows permuted for interleaved RoPE): that transform.
@@ -197,7 +204,7 @@ struct BisectResult {
   std::optional<std::string> first_local_failure() const;
   // Where the error originates: the first local failure, else the first divergence.
   std::optional<std::string> localised_at() const;
-  bool ok() const;  // no divergence and no local failure
+  bool ok() const;  // no divergence (beyond near-tie routing flips) and no local failure
   int exit_code() const { return ok() ? 0 : 1; }
 };
 

@@ -215,6 +215,9 @@ Judgement NoiseFloorCriterion::judge(const TensorData& ref, const TensorData& ca
 
 std::optional<Judgement> NoiseFloorCriterion::judge_ints(const TensorData& ref, const TensorData& cand,
                                                          const TensorComparison& cmp) const {
+  const std::string tail = "moe.topk_ids";
+  if (cmp.name.size() > tail.size() && cmp.name.compare(cmp.name.size() - tail.size(), tail.size(), tail) == 0)
+    return judge_routing(ref, cand, cmp);
   if (cmp.name != "generated" || !truth_ || !reference_ || ref.i.size() != cand.i.size()) return std::nullopt;
   // generated[k] is the pick of step first + k, the last M steps.
   int steps = 0;
@@ -260,6 +263,70 @@ std::optional<Judgement> NoiseFloorCriterion::judge_ints(const TensorData& ref, 
   if (!flips.empty()) j.note += "the float64 argmax at index " + flips + " (the reference at dtype flips it)";
   if (!ties.empty())
     j.note += std::string(j.note.empty() ? "" : "; ") + "near-tie, undecidable at index " + ties;
+  return j;
+}
+
+std::optional<Judgement> NoiseFloorCriterion::judge_routing(const TensorData& ref, const TensorData& cand,
+                                                            const TensorComparison& cmp) const {
+  // The scores the experts were chosen by, in each run: the candidate's, the
+  // reference's at dtype, the float64 truth's and the second honest run's.
+  const std::string probs = cmp.name.substr(0, cmp.name.size() - std::string("moe.topk_ids").size()) + "moe.router_probs";
+  if (!candidate_ || !reference_ || !truth_ || !candidate_->has(probs) || !reference_->has(probs) || !truth_->has(probs))
+    return std::nullopt;
+  if (ref.shape.size() != 2 || ref.shape != cand.shape) return std::nullopt;
+  const TensorData c = candidate_->get(probs);
+  const TensorData r = rows_like(reference_->get(probs), c), t = rows_like(truth_->get(probs), c);
+  TensorData sd;
+  if (second_ && second_->has(probs)) sd = rows_like(second_->get(probs), c);
+  const int64_t T = ref.shape[0], K = ref.shape[1];
+  if (c.is_int || c.shape.size() != 2 || c.shape[0] != T || r.shape != c.shape || t.shape != c.shape) return std::nullopt;
+  const bool has_second = sd.shape == c.shape && !sd.is_int;
+  const int64_t E = c.shape[1];
+  Judgement j;
+  j.metric = "expert choices differing beyond rounding";
+  std::string ties;
+  int wrong = 0, flips = 0, listed = 0;
+  for (int64_t row = 0; row < T; ++row) {
+    const int64_t* a = &cand.i[size_t(row * K)];
+    const int64_t* b = &ref.i[size_t(row * K)];
+    if (std::equal(a, a + K, b)) continue;
+    ++flips;
+    // Rounding noise of the scores on this row: the honest runs' largest
+    // deviation from float64; the candidate's deviation from the reference.
+    double noise = 0, dev = 0, top = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      const size_t i = size_t(row * E + e);
+      noise = std::max(noise, double(std::fabs(r.f[i] - t.f[i])));
+      if (has_second) noise = std::max(noise, double(std::fabs(sd.f[i] - t.f[i])));
+      dev = std::max(dev, double(std::fabs(c.f[i] - r.f[i])));
+      top = std::max(top, double(std::fabs(t.f[i])));
+    }
+    // Scores within twice the honest noise of the reference's: the choices
+    // differ at a near-tie (the candidate's choice is checked on its own
+    // scores by the local recompute), the reference's own margin between
+    // the swapped experts being at most twice that deviation.
+    if (dev <= 2.0 * noise + noise_floor_abs(top)) {
+      if (listed++ < 3) {
+        std::string only_c, only_r;
+        for (int64_t k = 0; k < K; ++k) {
+          if (std::find(b, b + K, a[k]) == b + K) only_c += (only_c.empty() ? "" : ",") + std::to_string(a[k]);
+          if (std::find(a, a + K, b[k]) == a + K) only_r += (only_r.empty() ? "" : ",") + std::to_string(b[k]);
+        }
+        char buf[200];
+        std::snprintf(buf, sizeof buf, "token %lld: expert %s for %s (scores within %.3g of the reference's, noise %.3g)",
+                      (long long)row, only_c.c_str(), only_r.c_str(), dev, noise);
+        ties += (ties.empty() ? "" : "; ") + std::string(buf);
+      }
+    } else {
+      ++wrong;
+    }
+  }
+  j.value = wrong;
+  j.threshold = 0;
+  j.pass = wrong == 0;
+  if (flips > wrong)
+    j.note = "routing flip at a near-tie, undecidable (" + std::to_string(flips - wrong) + " of " + std::to_string(T) +
+             " tokens): " + ties + (listed > 3 ? "; ..." : "");
   return j;
 }
 

@@ -109,12 +109,22 @@ class NoiseFloorCriterion : public Criterion {
   // `reference` (the run at dtype, with next_logits) set.
   std::optional<Judgement> judge_ints(const TensorData& ref, const TensorData& cand,
                                       const TensorComparison& cmp) const override;
+  // `moe.topk_ids`: experts chosen other than the reference's are a routing
+  // flip at a near-tie (reported, not a divergence) on the tokens whose
+  // router scores (the candidate's `moe.router_probs`) are within twice the
+  // rounding noise of the reference's (the honest runs' deviation from
+  // float64 on that token): the choice is then undecidable, and whether the
+  // candidate chose right for its own scores is the local recompute's verdict.
+  // Needs `reference` and `candidate` set, and router_probs in every run.
   void set_reference(std::shared_ptr<const TensorSource> reference) { reference_ = std::move(reference); }
+  void set_candidate(const TensorSource* candidate) { candidate_ = candidate; }
   ComputeDType dtype() const { return dtype_; }
   const TensorSource& truth() const { return *truth_; }
 
  private:
+  std::optional<Judgement> judge_routing(const TensorData& ref, const TensorData& cand, const TensorComparison& cmp) const;
   std::shared_ptr<const TensorSource> truth_, second_, reference_;
+  const TensorSource* candidate_ = nullptr;
   ComputeDType dtype_;
 };
 
