@@ -7,7 +7,9 @@
 // expert against the source, and malformed expert tensors named.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -271,4 +273,116 @@ TEST(CliGgufMoe, QuantisationErrorPerLayerAndPerExpert) {
   EXPECT_GT(weights, 0.005);  // Q4_K rounds a normal weight by a few percent
   EXPECT_LT(weights, 0.2);
   EXPECT_GT(quant, 0);
+}
+
+namespace {
+
+// One tensor of a GGUF being rewritten: its stored form.
+struct StoredTensor {
+  std::string name;
+  GgmlType type;
+  std::vector<int64_t> ne;
+  std::vector<uint8_t> bytes;
+};
+
+// `src` written again to `dst` with each tensor passed through `edit` (false:
+// dropped) and the metadata through `meta`.
+void rewrite_gguf(const std::string& src, const std::string& dst, const std::function<bool(StoredTensor&)>& edit,
+                  const std::function<void(std::map<std::string, GgufValue>&)>& meta = nullptr) {
+  const GgufFile in(src);
+  std::map<std::string, GgufValue> kv = in.metadata();
+  if (meta) meta(kv);
+  GgufWriter out(dst);
+  for (const auto& [key, value] : kv)
+    if (key != "general.alignment") out.set_value(key, value);
+  for (const GgufTensorInfo& t : in.tensors()) {
+    StoredTensor s{t.name, t.type, t.ne, {}};
+    const auto* p = static_cast<const uint8_t*>(in.data(t));
+    s.bytes.assign(p, p + t.nbytes);
+    if (edit(s)) out.add_tensor(s.name, s.type, s.ne, s.bytes.data(), s.bytes.size());
+  }
+  out.finish();
+}
+
+GgufValue u32(int64_t v) {
+  GgufValue x;
+  x.type = GgufValue::Type::U32;
+  x.i = v;
+  return x;
+}
+
+}  // namespace
+
+// Expert tensors (and MLA's split kv_b) that do not fit the metadata: one
+// line naming the file and the tensor (or key), exit 2, never a crash.
+TEST(CliGgufMoe, MalformedExpertTensorsAreNamed) {
+  const std::string& good = converted(golden_model("deepseek-v3-mla"), "F32");
+  struct Case {
+    std::string what, names;
+    std::function<bool(StoredTensor&)> edit;
+    std::function<void(std::map<std::string, GgufValue>&)> meta;
+  };
+  auto keep = [](StoredTensor&) { return true; };
+  const std::vector<Case> cases = {
+      {"an expert fewer than expert_count", "blk.1.ffn_up_exps.weight",
+       [](StoredTensor& t) {
+         if (t.name == "blk.1.ffn_up_exps.weight") {
+           t.ne[2] -= 1;
+           t.bytes.resize(t.bytes.size() / 8 * 7);
+         }
+         return true;
+       }},
+      {"a 2-D expert tensor", "blk.1.ffn_down_exps.weight",
+       [](StoredTensor& t) {
+         if (t.name == "blk.1.ffn_down_exps.weight") t.ne = {t.ne[0], t.ne[1] * t.ne[2]};
+         return true;
+       }},
+      {"expert rows other than expert_feed_forward_length", "blk.1.ffn_gate_exps.weight",
+       [](StoredTensor& t) {
+         if (t.name == "blk.1.ffn_gate_exps.weight") {
+           t.ne[1] /= 2;
+           t.bytes.resize(t.bytes.size() / 2);
+         }
+         return true;
+       }},
+      {"an expert tensor of a type llmdiff does not read", "blk.2.ffn_up_exps.weight",
+       [](StoredTensor& t) {
+         if (t.name == "blk.2.ffn_up_exps.weight") {
+           t.type = GgmlType::I8;
+           t.bytes.resize(t.bytes.size() / 4);
+         }
+         return true;
+       }},
+      {"expert_count above the tensors' experts", "blk.1.ffn_gate_inp.weight", keep,
+       [](std::map<std::string, GgufValue>& kv) { kv["deepseek2.expert_count"] = u32(16); }},
+      {"expert_used_count above expert_count", "num_experts_per_tok", keep,
+       [](std::map<std::string, GgufValue>& kv) { kv["deepseek2.expert_used_count"] = u32(9); }},
+      {"attn_v_b missing beside attn_k_b", "blk.0.attn_v_b.weight",
+       [](StoredTensor& t) { return t.name != "blk.0.attn_v_b.weight"; }},
+      {"attn_k_b of the wrong heads", "blk.2.attn_k_b.weight",
+       [](StoredTensor& t) {
+         if (t.name == "blk.2.attn_k_b.weight") {
+           t.ne[2] /= 2;
+           t.bytes.resize(t.bytes.size() / 2);
+         }
+         return true;
+       }},
+      {"group-limited sigmoid routing without exp_probs_b", "blk.1.exp_probs_b.bias",
+       [](StoredTensor& t) { return t.name.find("exp_probs_b") == std::string::npos; }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const std::string bad = temp_path("malformed-moe") + ".gguf";
+    rewrite_gguf(good, bad, c.edit, c.meta);
+    const auto r = run_cli({"dump", "--engine", "ref", "--model", bad, "--tokens", "1,2,3", "--out",
+                            temp_path("never") + ".st"});
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.error.find(bad), std::string::npos) << r.error;
+    EXPECT_NE(r.error.find(c.names), std::string::npos) << r.error;
+    EXPECT_LE(std::count(r.error.begin(), r.error.end(), '\n'), 1) << r.error;
+  }
+  // The unedited rewrite loads: the cases fail for their edit alone.
+  const std::string same = temp_path("rewritten-moe") + ".gguf";
+  rewrite_gguf(good, same, keep);
+  EXPECT_EQ(run_cli({"run", "--model", same, "--tokens", "1,2,3"}).code, 0);
 }

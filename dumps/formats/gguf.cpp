@@ -758,8 +758,9 @@ void GgufWriter::set_value(const std::string& key, const GgufValue& v) {
     return set_u32(key, uint32_t(v.i));
   }
   auto scalar = [](std::string& b, VType t, const GgufValue& x, size_t i) {
-    const int64_t iv = x.is_array() ? x.ints[i] : x.i;
-    const double fv = x.is_array() ? x.floats[i] : x.f;
+    const bool is_float = t == VType::F32 || t == VType::F64;
+    const int64_t iv = is_float || t == VType::String ? 0 : x.is_array() ? x.ints[i] : x.i;
+    const double fv = !is_float ? 0 : x.is_array() ? x.floats[i] : x.f;
     switch (t) {
       case VType::U8: case VType::I8: case VType::Bool: b += char(uint8_t(iv)); break;
       case VType::U16: case VType::I16: b += char(uint8_t(iv)); b += char(uint8_t(uint64_t(iv) >> 8)); break;
