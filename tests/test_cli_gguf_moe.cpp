@@ -386,3 +386,26 @@ TEST(CliGgufMoe, MalformedExpertTensorsAreNamed) {
   rewrite_gguf(good, same, keep);
   EXPECT_EQ(run_cli({"run", "--model", same, "--tokens", "1,2,3"}).code, 0);
 }
+
+// The seeds of the model fuzz target (fuzz/corpus/gguf_model: one small file
+// per MoE / MLA architecture and layout) are models: each loads, its experts
+// or latent attention as the file says, and runs clean.
+TEST(CliGgufMoe, FuzzSeedsAreModels) {
+  const std::string dir = llmdiff::testing::source_dir() + "/fuzz/corpus/gguf_model";
+  std::map<std::string, int> archs;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string path = entry.path().string();
+    SCOPED_TRACE(path);
+    const GgufFile f(path);
+    ++archs[f.get_string("general.architecture", "")];
+    const ModelConfig c = load_config(path);
+    EXPECT_TRUE(c.moe.enabled());
+    const ModelWeights w(path, c);
+    size_t experts = 0;
+    for (const LayerWeights& L : w.layers) experts += L.experts.size();
+    EXPECT_GT(experts, 0u);
+    EXPECT_EQ(run_cli({"run", "--model", path, "--tokens", "1,2,3"}).code, 0);
+  }
+  EXPECT_EQ(archs.size(), 4u);  // llama (Mixtral), qwen2moe, qwen3moe, deepseek2
+  EXPECT_GE(archs["deepseek2"], 3);
+}
