@@ -269,19 +269,37 @@ std::optional<Judgement> NoiseFloorCriterion::judge_ints(const TensorData& ref, 
 std::optional<Judgement> NoiseFloorCriterion::judge_routing(const TensorData& ref, const TensorData& cand,
                                                             const TensorComparison& cmp) const {
   // The scores the experts were chosen by, in each run: the candidate's, the
-  // reference's at dtype, the float64 truth's and the second honest run's.
+  // reference's at dtype, the float64 truth's and the second honest run's;
+  // and the honest runs' own choices.
   const std::string probs = cmp.name.substr(0, cmp.name.size() - std::string("moe.topk_ids").size()) + "moe.router_probs";
   if (!candidate_ || !reference_ || !truth_ || !candidate_->has(probs) || !reference_->has(probs) || !truth_->has(probs))
     return std::nullopt;
   if (ref.shape.size() != 2 || ref.shape != cand.shape) return std::nullopt;
   const TensorData c = candidate_->get(probs);
   const TensorData r = rows_like(reference_->get(probs), c), t = rows_like(truth_->get(probs), c);
-  TensorData sd;
+  TensorData sd, s_ids, t_ids;
   if (second_ && second_->has(probs)) sd = rows_like(second_->get(probs), c);
+  if (second_ && second_->has(cmp.name)) s_ids = rows_like(second_->get(cmp.name), cand);
+  if (truth_->has(cmp.name)) t_ids = rows_like(truth_->get(cmp.name), cand);
   const int64_t T = ref.shape[0], K = ref.shape[1];
   if (c.is_int || c.shape.size() != 2 || c.shape[0] != T || r.shape != c.shape || t.shape != c.shape) return std::nullopt;
   const bool has_second = sd.shape == c.shape && !sd.is_int;
   const int64_t E = c.shape[1];
+  auto same_set = [K](const int64_t* x, const int64_t* y) {
+    for (int64_t k = 0; k < K; ++k)
+      if (std::find(y, y + K, x[k]) == y + K) return false;
+    return true;
+  };
+  // Whether `ids` are K experts of the largest scores in `v` (ties either way).
+  auto top_k = [K, E](const int64_t* ids, const float* v) {
+    float low = std::numeric_limits<float>::infinity(), high = -low;
+    for (int64_t e = 0; e < E; ++e) {
+      const bool in = std::find(ids, ids + K, e) != ids + K;
+      if (in) low = std::min(low, v[e]);
+      else high = std::max(high, v[e]);
+    }
+    return low >= high;
+  };
   Judgement j;
   j.metric = "expert choices differing beyond rounding";
   std::string ties;
@@ -289,36 +307,53 @@ std::optional<Judgement> NoiseFloorCriterion::judge_routing(const TensorData& re
   for (int64_t row = 0; row < T; ++row) {
     const int64_t* a = &cand.i[size_t(row * K)];
     const int64_t* b = &ref.i[size_t(row * K)];
-    if (std::equal(a, a + K, b)) continue;
+    if (same_set(a, b)) continue;
     ++flips;
+    const float *cr = &c.f[size_t(row * E)], *rr = &r.f[size_t(row * E)], *tr = &t.f[size_t(row * E)];
     // Rounding noise of the scores on this row: the honest runs' largest
     // deviation from float64; the candidate's deviation from the reference.
     double noise = 0, dev = 0, top = 0;
     for (int64_t e = 0; e < E; ++e) {
-      const size_t i = size_t(row * E + e);
-      noise = std::max(noise, double(std::fabs(r.f[i] - t.f[i])));
-      if (has_second) noise = std::max(noise, double(std::fabs(sd.f[i] - t.f[i])));
-      dev = std::max(dev, double(std::fabs(c.f[i] - r.f[i])));
-      top = std::max(top, double(std::fabs(t.f[i])));
+      noise = std::max(noise, double(std::fabs(rr[e] - tr[e])));
+      if (has_second) noise = std::max(noise, double(std::fabs(sd.f[size_t(row * E + e)] - tr[e])));
+      dev = std::max(dev, double(std::fabs(cr[e] - rr[e])));
+      top = std::max(top, double(std::fabs(tr[e])));
     }
-    // Scores within twice the honest noise of the reference's: the choices
-    // differ at a near-tie (the candidate's choice is checked on its own
-    // scores by the local recompute), the reference's own margin between
-    // the swapped experts being at most twice that deviation.
-    if (dev <= 2.0 * noise + noise_floor_abs(top)) {
-      if (listed++ < 3) {
-        std::string only_c, only_r;
-        for (int64_t k = 0; k < K; ++k) {
-          if (std::find(b, b + K, a[k]) == b + K) only_c += (only_c.empty() ? "" : ",") + std::to_string(a[k]);
-          if (std::find(a, a + K, b[k]) == a + K) only_r += (only_r.empty() ? "" : ",") + std::to_string(b[k]);
-        }
-        char buf[200];
-        std::snprintf(buf, sizeof buf, "token %lld: expert %s for %s (scores within %.3g of the reference's, noise %.3g)",
-                      (long long)row, only_c.c_str(), only_r.c_str(), dev, noise);
-        ties += (ties.empty() ? "" : "; ") + std::string(buf);
+    const double floor = noise_floor_abs(top);
+    // An honest run chose as the candidate did: the choice is undecidable.
+    const bool honest = (s_ids.is_int && s_ids.shape == cand.shape && same_set(a, &s_ids.i[size_t(row * K)])) ||
+                        (t_ids.is_int && t_ids.shape == cand.shape && same_set(a, &t_ids.i[size_t(row * K)]));
+    // Or a router choosing by these scores (both choices their top K): the
+    // reference's margin between the swapped experts is within what the
+    // candidate's rounding moved them, itself within the honest noise.
+    double margin = std::numeric_limits<double>::infinity();
+    if (top_k(a, cr) && top_k(b, rr)) {
+      double best_out = -margin, worst_in = margin;
+      for (int64_t k = 0; k < K; ++k) {
+        if (std::find(b, b + K, a[k]) == b + K) best_out = std::max(best_out, double(rr[a[k]]));
+        if (std::find(a, a + K, b[k]) == a + K) worst_in = std::min(worst_in, double(rr[b[k]]));
       }
-    } else {
+      margin = worst_in - best_out;
+    }
+    const bool near = margin <= 2.0 * dev + floor && dev <= 2.0 * noise + floor;
+    if (!honest && !near) {
       ++wrong;
+      continue;
+    }
+    if (listed++ < 3) {
+      std::string only_c, only_r;
+      for (int64_t k = 0; k < K; ++k) {
+        if (std::find(b, b + K, a[k]) == b + K) only_c += (only_c.empty() ? "" : ",") + std::to_string(a[k]);
+        if (std::find(a, a + K, b[k]) == a + K) only_r += (only_r.empty() ? "" : ",") + std::to_string(b[k]);
+      }
+      char buf[240];
+      if (near)
+        std::snprintf(buf, sizeof buf, "token %lld: expert %s for %s (the reference's margin %.3g, its scores moved by %.3g, noise %.3g)",
+                      (long long)row, only_c.c_str(), only_r.c_str(), margin, dev, noise);
+      else
+        std::snprintf(buf, sizeof buf, "token %lld: expert %s for %s (as an honest run chose)", (long long)row,
+                      only_c.c_str(), only_r.c_str());
+      ties += (ties.empty() ? "" : "; ") + std::string(buf);
     }
   }
   j.value = wrong;

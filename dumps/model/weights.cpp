@@ -280,14 +280,15 @@ WeightView ModelWeights::gguf_kv_b(const std::string& name, const GgufLocation& 
   const bool same16 = !k.quantized() && !v.quantized() && k.dtype == v.dtype;
   w.dtype = same16 ? k.dtype : DType::F32;
   w.owned = true;
-  auto [it, fresh] = owned_.try_emplace(w.stored_name);
+  const auto [slot, fresh] = owned_.try_emplace(w.stored_name);
+  std::vector<uint8_t>& bytes = slot->second;
   if (fresh) {
     const size_t es = dtype_size(w.dtype);
-    it->second.resize(size_t(w.numel()) * es);
+    bytes.resize(size_t(w.numel()) * es);
     std::vector<float> kr(size_t(Rkv * Dn)), vr(size_t(Dv * Rkv));  // one head's [Rkv, Dn], [Dv, Rkv]
     std::vector<float> row(static_cast<size_t>(Rkv));
     auto put = [&](int64_t r, const float* values) {  // row r in w's dtype (exact: the values came from it)
-      uint8_t* dst = it->second.data() + size_t(r * Rkv) * es;
+      uint8_t* dst = bytes.data() + size_t(r * Rkv) * es;
       for (int64_t c = 0; c < Rkv; ++c) {
         if (w.dtype == DType::F32) {
           std::memcpy(dst + size_t(c) * 4, &values[c], 4);
@@ -307,7 +308,7 @@ WeightView ModelWeights::gguf_kv_b(const std::string& name, const GgufLocation& 
       for (int64_t j = 0; j < Dv; ++j) put(h * (Dn + Dv) + Dn + j, &vr[size_t(j * Rkv)]);
     }
   }
-  w.data = it->second.data();
+  w.data = bytes.data();
   return w;
 }
 
