@@ -232,6 +232,15 @@ TEST(CliGgufMoe, NarrowDeepseekV2LiteAndQwen3MoeRoundTripAndQuantise) {
     EXPECT_EQ(r.code, 0) << r.out << r.error;
     EXPECT_NE(r.out.find("moe.topk_ids: routing flip at a near-tie, undecidable"), std::string::npos) << r.out;
     expect_profile_passes_and_bugs_named(q, std::string(preset) + "-q4km");
+
+    // Pure Q6_K (llama-quantize --pure): the experts' gate and up in Q6_K,
+    // the 64-wide down falling back to Q8_0; the impl and the ref agree.
+    const std::string& q6 = converted(hf, "Q6_K");
+    const GgufFile f6(q6);
+    EXPECT_EQ(f6.find(blk + "ffn_up_exps.weight")->type, GgmlType::Q6_K);
+    EXPECT_EQ(f6.find(blk + "ffn_down_exps.weight")->type, GgmlType::Q8_0);
+    const auto run = run_cli({"run", "--model", q6, "--tokens", kPrompt, "--decode", "2"});
+    EXPECT_EQ(run.code, 0) << run.out << run.error;
   }
 }
 
