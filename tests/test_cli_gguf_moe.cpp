@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -20,6 +21,7 @@
 #include "dumps/model/config.h"
 #include "dumps/model/weights.h"
 #include "dumps/zoo/bugs.h"
+#include "synth/synth.h"
 #include "tests/cli_runner.h"
 #include "tests/support.h"
 #include "tests/test_cli_diff_helpers.h"
@@ -417,4 +419,34 @@ TEST(CliGgufMoe, FuzzSeedsAreModels) {
   }
   EXPECT_EQ(archs.size(), 4u);  // llama (Mixtral), qwen2moe, qwen3moe, deepseek2
   EXPECT_GE(archs["deepseek2"], 3);
+}
+
+// Qwen2-MoE (no golden of its own): tiny-qwen3-moe's shapes as qwen2_moe,
+// q/k/v biases and a shared expert behind its sigmoid gate (llama.cpp's
+// ffn_*_shexp and ffn_gate_inp_shexp). Round trip bit for bit at f32; as
+// Q4_K_M the profiled clean run passes and the missing shared expert is named.
+TEST(CliGgufMoe, Qwen2MoeWithItsGatedSharedExpert) {
+  nlohmann::json cfg = nlohmann::json::parse(synth::synth_preset_config("tiny-qwen3-moe"));
+  cfg["model_type"] = "qwen2_moe";
+  cfg["architectures"] = {"Qwen2MoeForCausalLM"};
+  cfg["shared_expert_intermediate_size"] = 256;
+  cfg["norm_topk_prob"] = false;
+  cfg.erase("head_dim");
+  const std::string config = temp_path("qwen2moe-config") + ".json";
+  std::ofstream(config) << cfg.dump();
+  const std::string hf = temp_path("qwen2moe");
+  ASSERT_EQ(run_cli({"synth", "--config", config, "--dtype", "f32", "--out", hf}).code, 0);
+  const std::string& f32 = converted(hf, "F32");
+  const GgufFile f(f32);
+  EXPECT_EQ(f.get_string("general.architecture", ""), "qwen2moe");
+  EXPECT_EQ(f.find("blk.0.ffn_gate_inp_shexp.weight")->ne, (std::vector<int64_t>{256, 1}));
+  EXPECT_NE(f.find("blk.0.attn_q.bias"), nullptr);
+  for (const char* engine : {"ref", "impl"}) {
+    SCOPED_TRACE(engine);
+    const std::string a = temp_path("q2m-hf") + ".st", b = temp_path("q2m-gg") + ".st";
+    ASSERT_EQ(run_cli({"dump", "--engine", engine, "--model", hf, "--tokens", kPrompt, "--decode", "2", "--out", a}).code, 0);
+    ASSERT_EQ(run_cli({"dump", "--engine", engine, "--model", f32, "--tokens", kPrompt, "--decode", "2", "--out", b}).code, 0);
+    EXPECT_EQ(llmdiff::testing::first_difference(DumpFile(a), DumpFile(b)), "");
+  }
+  expect_profile_passes_and_bugs_named(converted(hf, "Q4_K_M"), "qwen2moe-q4km");
 }
