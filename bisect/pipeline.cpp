@@ -499,14 +499,19 @@ compare::QuantErrorReport quantisation_report(const ModelOracles& m, const std::
   same("num_key_value_heads", a.num_key_value_heads, b.num_key_value_heads);
   same("vocab_size", a.vocab_size, b.vocab_size);
   const Scenario sc = replay_scenario(cand);
-  const std::vector<std::string> wanted = {"step*.layers.*." + std::string(site_name(Site::Out)),
-                                           "step*." + std::string(site_name(Site::NextLogits))};
+  const std::vector<std::string> wanted = {
+      "step*.layers.*." + std::string(site_name(Site::Out)), "step*." + std::string(site_name(Site::NextLogits)),
+      "step*.layers.*." + std::string(site_name(Site::MoeTopkIds)),
+      "step*.layers.*." + std::string(site_name(Site::MoeExpertOut)),
+      "step*.layers.*." + std::string(site_name(Site::MoeRouterProbs))};
   RefRunner source_ref(src, source, m.threads);
   const std::unique_ptr<MemoryDump> source_truth = source_ref.run(sc, ComputeDType::Float64, wanted);
   source_truth->set_label("ref float64 on " + source);
   const std::unique_ptr<MemoryDump> quant_truth = m.reference.run(sc, ComputeDType::Float64, wanted);
   quant_truth->set_label("ref float64 on " + m.dir + " (dequantised)");
-  return compare::quantisation_error(*source_truth, *quant_truth, cand);
+  compare::QuantErrorReport r = compare::quantisation_error(*source_truth, *quant_truth, cand);
+  compare::add_expert_weight_errors(r, *src.weights, *m.model.weights);
+  return r;
 }
 
 }  // namespace llmdiff::bisect

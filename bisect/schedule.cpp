@@ -279,6 +279,7 @@ BisectResult bisect_source(const TensorSource& cand, const WindowSource* view, c
   if (opt.noise_floor) {
     auto criterion = std::make_shared<compare::NoiseFloorCriterion>(p.truth, r.dtype, p.clean);
     criterion->set_reference(p.ref);
+    criterion->set_candidate(&cand);
     co.criterion = criterion;
     r.noise_floor = true;
     if (p.clean) r.second_noise = p.clean->label();
@@ -295,6 +296,7 @@ BisectResult bisect_source(const TensorSource& cand, const WindowSource* view, c
 
   LocalState st;
   if (opt.local && oracle) judge_locally(cand, view, oracle, p, co.sites, r, st, done);
+  compare::note_routing_flips(r);
   note_findings(cand, r);
 
   const LocalOracle* diagnosis_oracle = opt.local ? oracle : nullptr;

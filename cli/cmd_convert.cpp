@@ -8,7 +8,7 @@
 
 #include "cli/commands.h"
 #include "dumps/base/errors.h"
-#include "dumps/model/gguf_model.h"
+#include "dumps/model/gguf_export.h"
 #include "dumps/model/weights.h"
 
 namespace llmdiff::cli {
@@ -18,13 +18,17 @@ namespace {
 struct ConvertOptions {
   std::string model;        // --model: HF model directory
   std::string out;          // --out FILE.gguf
-  std::string type = "F16";  // --type: ggml type of the matrices
+  std::string type = "F16";  // --type: ggml type of the matrices, or a llama-quantize mixture
+  std::string kv_b = "split";  // --kv-b: an MLA model's kv_b split (attn_k_b + attn_v_b) or joint (attn_kv_b)
 };
 
 int run_convert(const ConvertOptions& o) {
-  const GgmlType type = parse_ggml_type(o.type);
+  GgufExportOptions eo;
+  eo.quant = GgufQuant::parse(o.type);
+  if (o.kv_b != "split" && o.kv_b != "joint") throw UsageError("convert: --kv-b must be split or joint, not '" + o.kv_b + "'");
+  eo.kv_b_joint = o.kv_b == "joint";
   const Model m = Model::load(o.model);
-  const std::vector<std::string> written = write_gguf(*m.weights, o.out, type);
+  const std::vector<std::string> written = write_gguf(*m.weights, o.out, eo);
   std::map<std::string, int> by_type;
   for (const std::string& w : written) ++by_type[w.substr(w.rfind(' ') + 1)];
   std::string types;
@@ -38,12 +42,18 @@ int run_convert(const ConvertOptions& o) {
 void setup_convert(CLI::App& app, Action& action) {
   auto opt = std::make_shared<ConvertOptions>();
   CLI::App* sub = app.add_subcommand(
-      "convert", "Write an HF checkpoint as GGUF (llama.cpp's names and q/k row order), matrices quantised to --type");
+      "convert", "Write an HF checkpoint as GGUF (llama.cpp's names, merged experts, q/k row order, MLA kv_b), matrices quantised to --type");
   sub->add_option("--model", opt->model, "HF model directory (config.json + safetensors)")->required();
   sub->add_option("--out", opt->out, "Output GGUF file")->required();
   sub->add_option("--type", opt->type,
-                  "ggml type of the 2-D weights: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, "
-                  "Q6_K (1-D weights stay F32; rows not a whole number of blocks fall back as llama-quantize does)")
+                  "ggml type of every matrix: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, "
+                  "Q6_K (as llama-quantize --pure), or llama-quantize's per-tensor mixture: Q3_K_S, Q3_K_M, Q3_K_L, "
+                  "Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M (1-D weights and routers stay F32; rows not a whole number of blocks "
+                  "fall back as llama-quantize does)")
+      ->capture_default_str();
+  sub->add_option("--kv-b", opt->kv_b,
+                  "MLA models: split (attn_k_b + attn_v_b, llama.cpp's converter for the absorbed form) or joint "
+                  "(attn_kv_b, its earlier converters)")
       ->capture_default_str();
   sub->callback([opt, &action] { action = [opt] { return run_convert(*opt); }; });
 }

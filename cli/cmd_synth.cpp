@@ -15,6 +15,7 @@
 #include "synth/synth.h"
 #include "synth/tokenizer.h"
 #include "dumps/base/errors.h"
+#include "dumps/model/gguf_export.h"
 #include "dumps/model/gguf_model.h"
 #include "dumps/model/weights.h"
 
@@ -36,7 +37,8 @@ struct SynthCmdOptions {
   bool force = false;           // --force: replace a checkpoint synth did not write
   int layers = 0;               // --layers N: override num_hidden_layers (0: the config's)
   std::string format = "safetensors";  // --format safetensors|gguf
-  std::string quant;            // --quant TYPE: ggml type of a GGUF's matrices (default: --dtype's)
+  std::string quant;            // --quant TYPE: ggml type or mixture of a GGUF's matrices (default: --dtype's)
+  std::string kv_b = "split";   // --kv-b split|joint: an MLA model's kv_b in the GGUF
   std::string tokenizer;        // --tokenizer sentencepiece|byte-level: toy tokenizer files too
 };
 
@@ -100,6 +102,7 @@ int run_synth(const SynthCmdOptions& o) {
   if (o.format != "safetensors" && o.format != "gguf")
     throw UsageError("synth: --format must be safetensors or gguf, not '" + o.format + "'");
   if (!o.quant.empty() && o.format != "gguf") throw UsageError("synth: --quant needs --format gguf");
+  if (o.kv_b != "split" && o.kv_b != "joint") throw UsageError("synth: --kv-b must be split or joint, not '" + o.kv_b + "'");
   if (!o.tokenizer.empty() && o.format == "gguf")
     throw UsageError("synth: --tokenizer writes HF tokenizer files beside a safetensors checkpoint, not into a GGUF");
   const std::optional<TokenizerKind> tokenizer =
@@ -111,14 +114,16 @@ int run_synth(const SynthCmdOptions& o) {
   if (gguf) so.force = true;
   const SynthResult r = write_synth_checkpoint(hf_dir, so);
   if (gguf) {
-    const GgmlType type = parse_ggml_type(!o.quant.empty() ? o.quant : dtype_name(so.dtype));
+    GgufExportOptions eo;
+    eo.quant = GgufQuant::parse(!o.quant.empty() ? o.quant : dtype_name(so.dtype));
+    eo.kv_b_joint = o.kv_b == "joint";
     {
       const Model m = Model::load(hf_dir);
-      write_gguf(*m.weights, o.out, type);
+      write_gguf(*m.weights, o.out, eo);
     }
     std::error_code ec;
     std::filesystem::remove_all(hf_dir, ec);
-    std::printf("%s: GGUF, matrices %s\n", o.out.c_str(), ggml_type_name(uint32_t(type)).c_str());
+    std::printf("%s: GGUF, matrices %s\n", o.out.c_str(), eo.quant.name().c_str());
   }
   std::vector<std::string> tokenizer_files;
   if (tokenizer) tokenizer_files = write_toy_tokenizer(o.out, nlohmann::json::parse(r.config.raw_json), *tokenizer);
@@ -165,7 +170,11 @@ void setup_synth(CLI::App& app, Action& action) {
                   "safetensors (an HF directory in --out) or gguf (a GGUF file in --out, llama.cpp's names)")
       ->capture_default_str();
   sub->add_option("--quant", opt->quant,
-                  "GGUF only: ggml type of the matrices, e.g. Q4_K, Q8_0, Q6_K (default: --dtype); 1-D weights stay F32");
+                  "GGUF only: ggml type of the matrices, e.g. Q4_K, Q8_0, Q6_K, or llama-quantize's mixture Q4_K_M, "
+                  "Q5_K_M, Q3_K_S, ... (default: --dtype); 1-D weights and routers stay F32");
+  sub->add_option("--kv-b", opt->kv_b,
+                  "GGUF of an MLA model: split (attn_k_b + attn_v_b, llama.cpp's absorbed form) or joint (attn_kv_b)")
+      ->capture_default_str();
   sub->add_option("--tokenizer", opt->tokenizer,
                   "Also write a toy tokenizer of the config's vocab_size and special ids: sentencepiece "
                   "(tokenizer.model + tokenizer.json, as Llama 2) or byte-level (tokenizer.json, as GPT-2/Llama 3/Qwen), "

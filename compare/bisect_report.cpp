@@ -248,7 +248,12 @@ std::string render_bisect_table(const BisectResult& r, const BisectTableOptions&
          " (llmdiff merge joins the shards)\n";
   o += "\n";
 
-  if (r.ok()) {
+  if (r.ok() && r.flips_explain) {
+    o += "RESULT: no divergence beyond routing flips at near-ties: " + std::to_string(r.global.failing()) + " of " +
+         std::to_string(r.global.tensors.size()) + " names diverge after " + r.routing_flips.front() +
+         ", no local failure";
+    o += "\n";
+  } else if (r.ok()) {
     o += "RESULT: no divergence: " + std::to_string(r.global.tensors.size()) + " names within the " +
          (r.noise_floor ? "noise floor" : "tolerance");
     if (r.local.ran) o += ", " + std::to_string(r.local.sites.size()) + " local recomputes within the noise";

@@ -37,6 +37,13 @@ struct BisectResult {
   Evidence evidence;                          // what else the explainers read
   Finding finding;                            // the verdict (compare/explain.h)
   std::vector<std::string> notes;
+  // `moe.topk_ids` names whose expert choices differ from the reference's
+  // only at near-ties (NoiseFloorCriterion::judge_routing): reported, not
+  // divergences. With no local failure, names diverging only after the first
+  // of them follow from it (the tokens ran other experts), and the candidate
+  // passes (flips_explain).
+  std::vector<std::string> routing_flips;
+  bool flips_explain = false;
   // The error where it originates (localised_at(); else global.heatmap:
   // the first diverging name whose shapes agree), for the HTML report.
   std::optional<ErrorHeatmap> heatmap;
@@ -52,7 +59,7 @@ struct BisectResult {
   std::optional<std::string> first_local_failure() const;
   // Where the error originates: the first local failure, else the first divergence.
   std::optional<std::string> localised_at() const;
-  bool ok() const;              // the forward pass: no divergence and no local failure
+  bool ok() const;              // the forward pass: no divergence (beyond near-tie routing flips), no local failure
   bool sampler_fails() const;   // the sampler check ran and fails
   int exit_code() const { return ok() && !sampler_fails() ? 0 : 1; }
 };
@@ -63,9 +70,17 @@ struct BisectResult {
 std::string headline(const BisectResult& r);
 // The same from its parts (`merge` has them as JSON): `local_recomputed`
 // nullopt when no local errors were computed.
+// `flipped_at`: the first routing flip at a near-tie that explains the
+// divergences after it ("" when none).
 std::string verdict_headline(const Finding& f, bool ok, size_t compared, bool noise_floor,
                              std::optional<size_t> local_recomputed, const std::string& localised_at,
-                             bool sampler_fails);
+                             bool sampler_fails, const std::string& flipped_at = "");
+
+// Expert choices that differ from the reference's only at near-ties: one
+// note per routing site (the comparison's judgement); with every op right on
+// its own inputs, names that diverge only after the first such flip
+// (canonical order) follow from it, and the result passes.
+void note_routing_flips(BisectResult& r);
 
 // The names whose error signatures a diagnosis reports: the localised site,
 // then the first failing float names (at most four in all).

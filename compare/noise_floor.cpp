@@ -215,6 +215,9 @@ Judgement NoiseFloorCriterion::judge(const TensorData& ref, const TensorData& ca
 
 std::optional<Judgement> NoiseFloorCriterion::judge_ints(const TensorData& ref, const TensorData& cand,
                                                          const TensorComparison& cmp) const {
+  const std::string tail = "moe.topk_ids";
+  if (cmp.name.size() > tail.size() && cmp.name.compare(cmp.name.size() - tail.size(), tail.size(), tail) == 0)
+    return judge_routing(ref, cand, cmp);
   if (cmp.name != "generated" || !truth_ || !reference_ || ref.i.size() != cand.i.size()) return std::nullopt;
   // generated[k] is the pick of step first + k, the last M steps.
   int steps = 0;
@@ -260,6 +263,105 @@ std::optional<Judgement> NoiseFloorCriterion::judge_ints(const TensorData& ref, 
   if (!flips.empty()) j.note += "the float64 argmax at index " + flips + " (the reference at dtype flips it)";
   if (!ties.empty())
     j.note += std::string(j.note.empty() ? "" : "; ") + "near-tie, undecidable at index " + ties;
+  return j;
+}
+
+std::optional<Judgement> NoiseFloorCriterion::judge_routing(const TensorData& ref, const TensorData& cand,
+                                                            const TensorComparison& cmp) const {
+  // The scores the experts were chosen by, in each run: the candidate's, the
+  // reference's at dtype, the float64 truth's and the second honest run's;
+  // and the honest runs' own choices.
+  const std::string probs = cmp.name.substr(0, cmp.name.size() - std::string("moe.topk_ids").size()) + "moe.router_probs";
+  if (!candidate_ || !reference_ || !truth_ || !candidate_->has(probs) || !reference_->has(probs) || !truth_->has(probs))
+    return std::nullopt;
+  if (ref.shape.size() != 2 || ref.shape != cand.shape) return std::nullopt;
+  const TensorData c = candidate_->get(probs);
+  const TensorData r = rows_like(reference_->get(probs), c), t = rows_like(truth_->get(probs), c);
+  TensorData sd, s_ids, t_ids;
+  if (second_ && second_->has(probs)) sd = rows_like(second_->get(probs), c);
+  if (second_ && second_->has(cmp.name)) s_ids = rows_like(second_->get(cmp.name), cand);
+  if (truth_->has(cmp.name)) t_ids = rows_like(truth_->get(cmp.name), cand);
+  const int64_t T = ref.shape[0], K = ref.shape[1];
+  if (c.is_int || c.shape.size() != 2 || c.shape[0] != T || r.shape != c.shape || t.shape != c.shape) return std::nullopt;
+  const bool has_second = sd.shape == c.shape && !sd.is_int;
+  const int64_t E = c.shape[1];
+  auto same_set = [K](const int64_t* x, const int64_t* y) {
+    for (int64_t k = 0; k < K; ++k)
+      if (std::find(y, y + K, x[k]) == y + K) return false;
+    return true;
+  };
+  // Whether `ids` are K experts of the largest scores in `v` (ties either way).
+  auto top_k = [K, E](const int64_t* ids, const float* v) {
+    float low = std::numeric_limits<float>::infinity(), high = -low;
+    for (int64_t e = 0; e < E; ++e) {
+      const bool in = std::find(ids, ids + K, e) != ids + K;
+      if (in) low = std::min(low, v[e]);
+      else high = std::max(high, v[e]);
+    }
+    return low >= high;
+  };
+  Judgement j;
+  j.metric = "expert choices differing beyond rounding";
+  std::string ties;
+  int wrong = 0, flips = 0, listed = 0;
+  for (int64_t row = 0; row < T; ++row) {
+    const int64_t* a = &cand.i[size_t(row * K)];
+    const int64_t* b = &ref.i[size_t(row * K)];
+    if (same_set(a, b)) continue;
+    ++flips;
+    const float *cr = &c.f[size_t(row * E)], *rr = &r.f[size_t(row * E)], *tr = &t.f[size_t(row * E)];
+    // Rounding noise of the scores on this row: the honest runs' largest
+    // deviation from float64; the candidate's deviation from the reference.
+    double noise = 0, dev = 0, top = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      noise = std::max(noise, double(std::fabs(rr[e] - tr[e])));
+      if (has_second) noise = std::max(noise, double(std::fabs(sd.f[size_t(row * E + e)] - tr[e])));
+      dev = std::max(dev, double(std::fabs(cr[e] - rr[e])));
+      top = std::max(top, double(std::fabs(tr[e])));
+    }
+    const double floor = noise_floor_abs(top);
+    // An honest run chose as the candidate did: the choice is undecidable.
+    const bool honest = (s_ids.is_int && s_ids.shape == cand.shape && same_set(a, &s_ids.i[size_t(row * K)])) ||
+                        (t_ids.is_int && t_ids.shape == cand.shape && same_set(a, &t_ids.i[size_t(row * K)]));
+    // Or a router choosing by these scores (both choices their top K): the
+    // reference's margin between the swapped experts is within what the
+    // candidate's rounding moved them, itself within the honest noise.
+    double margin = std::numeric_limits<double>::infinity();
+    if (top_k(a, cr) && top_k(b, rr)) {
+      double best_out = -margin, worst_in = margin;
+      for (int64_t k = 0; k < K; ++k) {
+        if (std::find(b, b + K, a[k]) == b + K) best_out = std::max(best_out, double(rr[a[k]]));
+        if (std::find(a, a + K, b[k]) == a + K) worst_in = std::min(worst_in, double(rr[b[k]]));
+      }
+      margin = worst_in - best_out;
+    }
+    const bool near = margin <= 2.0 * dev + floor && dev <= 2.0 * noise + floor;
+    if (!honest && !near) {
+      ++wrong;
+      continue;
+    }
+    if (listed++ < 3) {
+      std::string only_c, only_r;
+      for (int64_t k = 0; k < K; ++k) {
+        if (std::find(b, b + K, a[k]) == b + K) only_c += (only_c.empty() ? "" : ",") + std::to_string(a[k]);
+        if (std::find(a, a + K, b[k]) == a + K) only_r += (only_r.empty() ? "" : ",") + std::to_string(b[k]);
+      }
+      char buf[240];
+      if (near)
+        std::snprintf(buf, sizeof buf, "token %lld: expert %s for %s (the reference's margin %.3g, its scores moved by %.3g, noise %.3g)",
+                      (long long)row, only_c.c_str(), only_r.c_str(), margin, dev, noise);
+      else
+        std::snprintf(buf, sizeof buf, "token %lld: expert %s for %s (as an honest run chose)", (long long)row,
+                      only_c.c_str(), only_r.c_str());
+      ties += (ties.empty() ? "" : "; ") + std::string(buf);
+    }
+  }
+  j.value = wrong;
+  j.threshold = 0;
+  j.pass = wrong == 0;
+  if (flips > wrong)
+    j.note = "routing flip at a near-tie, undecidable (" + std::to_string(flips - wrong) + " of " + std::to_string(T) +
+             " tokens): " + ties + (listed > 3 ? "; ..." : "");
   return j;
 }
 

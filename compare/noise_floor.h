@@ -109,12 +109,24 @@ class NoiseFloorCriterion : public Criterion {
   // `reference` (the run at dtype, with next_logits) set.
   std::optional<Judgement> judge_ints(const TensorData& ref, const TensorData& cand,
                                       const TensorComparison& cmp) const override;
+  // `moe.topk_ids`: experts chosen other than the reference's are a routing
+  // flip at a near-tie (reported, not a divergence) on a token where an
+  // honest run (the float64 truth, the second run) chose as the candidate
+  // did, or where both choices are the top K of their own router scores
+  // (`moe.router_probs`: a router without correction bias or groups), the
+  // candidate's scores are within twice the honest runs' rounding noise of
+  // the reference's, and the reference's margin between the swapped experts
+  // is within twice that deviation. Needs `reference` and `candidate` set,
+  // and router_probs in every run.
   void set_reference(std::shared_ptr<const TensorSource> reference) { reference_ = std::move(reference); }
+  void set_candidate(const TensorSource* candidate) { candidate_ = candidate; }
   ComputeDType dtype() const { return dtype_; }
   const TensorSource& truth() const { return *truth_; }
 
  private:
+  std::optional<Judgement> judge_routing(const TensorData& ref, const TensorData& cand, const TensorComparison& cmp) const;
   std::shared_ptr<const TensorSource> truth_, second_, reference_;
+  const TensorSource* candidate_ = nullptr;
   ComputeDType dtype_;
 };
 

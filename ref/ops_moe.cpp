@@ -62,6 +62,9 @@ torch::Tensor renormalise(const torch::Tensor& w, const MoeConfig& m) {
 
 torch::Tensor finish_weights(const torch::Tensor& w, const MoeConfig& m, torch::ScalarType dtype) {
   if (m.scoring == MoeConfig::Scoring::Sigmoid) return renormalise(w, m) * m.routed_scaling_factor;  // float32
+  // A softmax router with a routed_scaling_factor (DeepSeek-V2's greedy
+  // choice, a deepseek2 GGUF's expert_weights_scale): scaled in float32.
+  if (m.routed_scaling_factor != 1.0) return (renormalise(w, m) * m.routed_scaling_factor).to(dtype);
   return renormalise(w, m).to(dtype);  // routing_weights.to(hidden_states.dtype)
 }
 

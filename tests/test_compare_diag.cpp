@@ -470,3 +470,4 @@ TEST(Diagnose, CandidateDtypeComesFromTheManifest) {
   EXPECT_EQ(candidate_dtype(d, &src), ComputeDType::BFloat16);
   EXPECT_EQ(src, "manifest");
 }
+

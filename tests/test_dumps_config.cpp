@@ -91,7 +91,18 @@ TEST(Config, MoeDefaultsScalingAndUnsupportedVariants) {
   const double m = 0.1 * std::log(40.0) + 1.0;
   EXPECT_NEAR(ds.attn_scaling(), std::pow(12.0, -0.5) * m * m, 1e-15);
   EXPECT_THROW(parse(R"({"model_type": "deepseek_v3", "num_key_value_heads": 2, )" + base + "}"), ConfigError);
+  // greedy (DeepSeek-V2-Lite's remote code, a deepseek2 GGUF without
+  // exp_probs_b): no correction bias, no group limit; softmax scores only with it.
+  const ModelConfig greedy = parse(R"({"model_type": "deepseek_v3", "topk_method": "greedy", "scoring_func": "softmax",
+      "n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.0, "norm_topk_prob": false, )" + base + "}");
+  EXPECT_EQ(greedy.moe.scoring, MoeConfig::Scoring::Softmax);
+  EXPECT_FALSE(greedy.moe.correction_bias);
+  EXPECT_TRUE(ds.moe.correction_bias);
+  EXPECT_EQ(ds.moe.scoring, MoeConfig::Scoring::Sigmoid);
   EXPECT_THROW(parse(R"({"model_type": "deepseek_v3", "topk_method": "greedy", )" + base + "}"), ConfigError);
+  EXPECT_THROW(parse(R"({"model_type": "deepseek_v3", "scoring_func": "softmax", )" + base + "}"), ConfigError);
+  EXPECT_THROW(parse(R"({"model_type": "deepseek_v3", "topk_method": "group_limited_greedy", )" + base + "}"),
+               ConfigError);
   EXPECT_THROW(parse(R"({"model_type": "mixtral", "num_local_experts": 2, "num_experts_per_tok": 3, )" + base + "}"),
                ConfigError);
   EXPECT_THROW(parse(R"({"model_type": "qwen3_moe", "mlp_only_layers": "all", )" + base + "}"), ConfigError);

@@ -486,6 +486,13 @@ struct GgufWriter::Impl {
   void check_open(const std::string& what) const {
     if (finished) throw IoError(path, what + " after finish()");
   }
+  // A tensor's name, type, ne and byte count checked (throws FormatError).
+  void check_tensor(const std::string& name, GgmlType type, const std::vector<int64_t>& ne, size_t nbytes) const;
+  void write_data(const std::string& name, const void* bytes, size_t n);
+  std::vector<int64_t> check_f32(const std::string& name, GgmlType type, const Shape& shape, int64_t slabs,
+                                 size_t* bytes) const;
+  // Its tensor-info record, after its bytes were written.
+  void record(const std::string& name, GgmlType type, const std::vector<int64_t>& ne, size_t nbytes);
 
   void set(const std::string& key, std::string encoded) {
     check_open("metadata key '" + escape(key) + "' set");
@@ -619,16 +626,15 @@ void GgufWriter::set_array_string(const std::string& key, const std::vector<std:
   impl_->set(key, b);
 }
 
-void GgufWriter::add_tensor(const std::string& name, GgmlType type, const std::vector<int64_t>& ne,
-                            const void* data, size_t nbytes) {
-  Impl& w = *impl_;
-  w.check_open("tensor '" + escape(name) + "' added");
+void GgufWriter::Impl::check_tensor(const std::string& name, GgmlType type, const std::vector<int64_t>& ne,
+                                    size_t nbytes) const {
+  check_open("tensor '" + escape(name) + "' added");
   const std::string shown = escape(name);
-  auto fail = [&](const std::string& what) { return FormatError(w.path, shown, what); };
+  auto fail = [&](const std::string& what) { return FormatError(path, shown, what); };
   if (name.empty()) throw fail("empty tensor name");
   if (name.size() >= kMaxName)
     throw fail("name of " + std::to_string(name.size()) + " bytes: ggml reads at most " + std::to_string(kMaxName - 1));
-  if (w.names.count(name)) throw fail("duplicate tensor name");
+  if (names.count(name)) throw fail("duplicate tensor name");
   if (ne.empty() || ne.size() > size_t(kMaxDims))
     throw fail("n_dims " + std::to_string(ne.size()) + " is outside 1.." + std::to_string(kMaxDims));
   const int64_t block = ggml_block_size(type);
@@ -644,52 +650,47 @@ void GgufWriter::add_tensor(const std::string& name, GgmlType type, const std::v
   if (overflow || expected != nbytes)
     throw fail("byte count " + std::to_string(nbytes) + " does not match ne of " + ggml_type_name(uint32_t(type)) +
                (overflow ? " (overflows)" : " (" + std::to_string(expected) + " bytes)"));
-  if (nbytes && std::fwrite(data, 1, nbytes, w.data) != nbytes)
-    throw IoError(w.path, "write failed for tensor '" + shown + "': " + std::strerror(errno));
-  // Tensor info: name, u32 n_dims, u64 ne[n_dims], u32 type, u64 offset.
-  put_str(w.tensor_entries, name);
-  put_u32(w.tensor_entries, uint32_t(ne.size()));
-  for (int64_t d : ne) put_u64(w.tensor_entries, uint64_t(d));
-  put_u32(w.tensor_entries, uint32_t(type));
-  put_u64(w.tensor_entries, w.offset);
-  w.offset += nbytes;
-  w.pad_data();
-  w.names.insert(name);
-  ++w.n_tensors;
 }
 
-void GgufWriter::add_tensor_f32(const std::string& name, GgmlType type, const Shape& shape, const float* data) {
-  const std::string shown = escape(name);
-  if (!ggml_type_supported(uint32_t(type)))
-    throw FormatError(impl_->path, shown, "cannot quantise to ggml type " + ggml_type_name(uint32_t(type)) +
-                                              " (supported: " + ggml_supported_types() + ")");
-  if (shape.empty() || shape.size() > size_t(kMaxDims))
-    throw FormatError(impl_->path, shown, "shape " + shape_str(shape) + " must have 1 to 4 dimensions");
-  int64_t count = 1;
-  for (int64_t d : shape)
-    if (d <= 0 || __builtin_mul_overflow(count, d, &count))
-      throw FormatError(impl_->path, shown, "shape " + shape_str(shape) + " is empty, negative or overflows");
-  const std::vector<int64_t> ne(shape.rbegin(), shape.rend());
-  if (ne[0] % ggml_block_size(type) != 0)
-    throw FormatError(impl_->path, shown, "last dimension " + std::to_string(ne[0]) + " of shape " + shape_str(shape) +
-                                              " is not a multiple of the block size " +
-                                              std::to_string(ggml_block_size(type)) + " of " +
-                                              ggml_type_name(uint32_t(type)));
-  size_t bytes = 0;
-  if (__builtin_mul_overflow(ggml_row_bytes(type, ne[0]), size_t(count / ne[0]), &bytes))
-    throw FormatError(impl_->path, shown, "shape " + shape_str(shape) + " overflows");
-  std::vector<uint8_t> buf(bytes);
-  // Rows quantised independently: split over the cores (the same bytes).
-  const int64_t rows = count / ne[0];
-  const size_t row_bytes = ggml_row_bytes(type, ne[0]);
-  const int64_t workers = std::min<int64_t>(resolve_threads(0), std::max<int64_t>(1, count / (1 << 16)));
+void GgufWriter::Impl::write_data(const std::string& name, const void* bytes, size_t n) {
+  if (n && std::fwrite(bytes, 1, n, data) != n)
+    throw IoError(path, "write failed for tensor '" + escape(name) + "': " + std::strerror(errno));
+}
+
+void GgufWriter::Impl::record(const std::string& name, GgmlType type, const std::vector<int64_t>& ne, size_t nbytes) {
+  // Tensor info: name, u32 n_dims, u64 ne[n_dims], u32 type, u64 offset.
+  put_str(tensor_entries, name);
+  put_u32(tensor_entries, uint32_t(ne.size()));
+  for (int64_t d : ne) put_u64(tensor_entries, uint64_t(d));
+  put_u32(tensor_entries, uint32_t(type));
+  put_u64(tensor_entries, offset);
+  offset += nbytes;
+  pad_data();
+  names.insert(name);
+  ++n_tensors;
+}
+
+void GgufWriter::add_tensor(const std::string& name, GgmlType type, const std::vector<int64_t>& ne,
+                            const void* data, size_t nbytes) {
+  impl_->check_tensor(name, type, ne, nbytes);
+  impl_->write_data(name, data, nbytes);
+  impl_->record(name, type, ne, nbytes);
+}
+
+namespace {
+
+// `rows` rows of `cols` float32 values quantised to `type` into dst (rows
+// independently, split over the cores: the same bytes for any split).
+void quantise_rows(GgmlType type, const float* src, int64_t rows, int64_t cols, uint8_t* dst) {
+  const size_t row_bytes = ggml_row_bytes(type, cols);
+  const int64_t workers = std::min<int64_t>(resolve_threads(0), std::max<int64_t>(1, rows * cols / (1 << 16)));
   std::vector<std::thread> pool;
   std::vector<std::exception_ptr> failed(static_cast<size_t>(workers));
   for (int64_t k = 0; k < workers; ++k)
     pool.emplace_back([&, k] {
       const int64_t r0 = rows * k / workers, r1 = rows * (k + 1) / workers;
       try {
-        if (r1 > r0) quantize_row(type, data + r0 * ne[0], buf.data() + size_t(r0) * row_bytes, (r1 - r0) * ne[0]);
+        if (r1 > r0) quantize_row(type, src + r0 * cols, dst + size_t(r0) * row_bytes, (r1 - r0) * cols);
       } catch (...) {
         failed[size_t(k)] = std::current_exception();
       }
@@ -697,7 +698,97 @@ void GgufWriter::add_tensor_f32(const std::string& name, GgmlType type, const Sh
   for (std::thread& t : pool) t.join();
   for (const std::exception_ptr& e : failed)
     if (e) std::rethrow_exception(e);
-  add_tensor(name, type, ne, buf.data(), bytes);
+}
+
+}  // namespace
+
+// The checks of a float32 tensor to quantise: its ne (reversed shape) and bytes.
+std::vector<int64_t> GgufWriter::Impl::check_f32(const std::string& name, GgmlType type, const Shape& shape,
+                                                 int64_t slabs, size_t* bytes) const {
+  const std::string shown = escape(name);
+  if (!ggml_type_supported(uint32_t(type)))
+    throw FormatError(path, shown, "cannot quantise to ggml type " + ggml_type_name(uint32_t(type)) +
+                                       " (supported: " + ggml_supported_types() + ")");
+  if (shape.empty() || shape.size() > size_t(kMaxDims))
+    throw FormatError(path, shown, "shape " + shape_str(shape) + " must have 1 to 4 dimensions");
+  int64_t count = 1;
+  for (int64_t d : shape)
+    if (d <= 0 || __builtin_mul_overflow(count, d, &count))
+      throw FormatError(path, shown, "shape " + shape_str(shape) + " is empty, negative or overflows");
+  if (slabs <= 0 || shape[0] % slabs != 0)
+    throw FormatError(path, shown, std::to_string(slabs) + " slabs do not split shape " + shape_str(shape));
+  const std::vector<int64_t> ne(shape.rbegin(), shape.rend());
+  if (ne[0] % ggml_block_size(type) != 0)
+    throw FormatError(path, shown, "last dimension " + std::to_string(ne[0]) + " of shape " + shape_str(shape) +
+                                       " is not a multiple of the block size " + std::to_string(ggml_block_size(type)) +
+                                       " of " + ggml_type_name(uint32_t(type)));
+  if (__builtin_mul_overflow(ggml_row_bytes(type, ne[0]), size_t(count / ne[0]), bytes))
+    throw FormatError(path, shown, "shape " + shape_str(shape) + " overflows");
+  check_tensor(name, type, ne, *bytes);
+  return ne;
+}
+
+void GgufWriter::add_tensor_f32(const std::string& name, GgmlType type, const Shape& shape, const float* data) {
+  size_t bytes = 0;
+  const std::vector<int64_t> ne = impl_->check_f32(name, type, shape, 1, &bytes);
+  std::vector<uint8_t> buf(bytes);
+  quantise_rows(type, data, numel(shape) / ne[0], ne[0], buf.data());
+  impl_->write_data(name, buf.data(), bytes);
+  impl_->record(name, type, ne, bytes);
+}
+
+void GgufWriter::add_tensor_f32_slabs(const std::string& name, GgmlType type, const Shape& shape, int64_t slabs,
+                                      const std::function<void(int64_t, float*)>& fill) {
+  size_t bytes = 0;
+  const std::vector<int64_t> ne = impl_->check_f32(name, type, shape, slabs, &bytes);
+  const int64_t slab_values = numel(shape) / slabs, rows = slab_values / ne[0];
+  std::vector<float> values(static_cast<size_t>(slab_values));
+  std::vector<uint8_t> buf(bytes / size_t(slabs));
+  for (int64_t s = 0; s < slabs; ++s) {
+    fill(s, values.data());
+    quantise_rows(type, values.data(), rows, ne[0], buf.data());
+    impl_->write_data(name, buf.data(), buf.size());
+  }
+  impl_->record(name, type, ne, bytes);
+}
+
+void GgufWriter::set_value(const std::string& key, const GgufValue& v) {
+  if (key == kAlignmentKey) {
+    if (v.type != VType::U32) impl_->check_not_alignment(key);
+    return set_u32(key, uint32_t(v.i));
+  }
+  auto scalar = [](std::string& b, VType t, const GgufValue& x, size_t i) {
+    const bool is_float = t == VType::F32 || t == VType::F64;
+    const int64_t iv = is_float || t == VType::String ? 0 : x.is_array() ? x.ints[i] : x.i;
+    const double fv = !is_float ? 0 : x.is_array() ? x.floats[i] : x.f;
+    switch (t) {
+      case VType::U8: case VType::I8: case VType::Bool: b += char(uint8_t(iv)); break;
+      case VType::U16: case VType::I16: b += char(uint8_t(iv)); b += char(uint8_t(uint64_t(iv) >> 8)); break;
+      case VType::U32: case VType::I32: put_u32(b, uint32_t(iv)); break;
+      case VType::U64: case VType::I64: put_u64(b, uint64_t(iv)); break;
+      case VType::F32: put_f32(b, float(fv)); break;
+      case VType::F64: {
+        uint64_t u;
+        std::memcpy(&u, &fv, 8);
+        put_u64(b, u);
+        break;
+      }
+      case VType::String: put_str(b, x.is_array() ? x.strings[i] : x.s); break;
+      case VType::Array: break;
+    }
+  };
+  std::string b;
+  put_u32(b, uint32_t(v.type));
+  if (v.is_array()) {
+    if (v.elem_type == VType::Array)
+      throw FormatError(impl_->path, "", key_label(key) + ": arrays of arrays are not supported");
+    put_u32(b, uint32_t(v.elem_type));
+    put_u64(b, v.array_size());
+    for (size_t i = 0; i < v.array_size(); ++i) scalar(b, v.elem_type, v, i);
+  } else {
+    scalar(b, v.type, v, 0);
+  }
+  impl_->set(key, b);
 }
 
 // File: header, metadata, tensor entries, zero padding to the alignment, then

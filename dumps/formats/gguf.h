@@ -12,6 +12,7 @@
 // row-major [V, D] matrix of safetensors (shape() gives it in that order).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -129,6 +130,15 @@ class GgufWriter {
                   const void* data, size_t nbytes);
   // Quantises a row-major float32 matrix of `shape` (last dim fastest) to `type`.
   void add_tensor_f32(const std::string& name, GgmlType type, const Shape& shape, const float* data);
+  // The same, made slab by slab: the leading dimension shape[0] split into
+  // `slabs` equal parts (a merged expert tensor [E, rows, cols] expert by
+  // expert); fill(s, dst) writes slab s (numel / slabs values) as float32.
+  // One slab is in memory at a time; the bytes are add_tensor_f32's.
+  void add_tensor_f32_slabs(const std::string& name, GgmlType type, const Shape& shape, int64_t slabs,
+                            const std::function<void(int64_t slab, float* dst)>& fill);
+  // Any metadata value as the reader holds it (arrays of integers, floats or
+  // strings written with their element type).
+  void set_value(const std::string& key, const GgufValue& v);
   void finish();
 
  private:

@@ -214,19 +214,33 @@ void parse_moe(const Reader& r, ModelConfig& c) {
     m.num_experts = r.get_int("n_routed_experts", 256);
     m.top_k = r.get_int("num_experts_per_tok", 8);
     m.intermediate_size = r.get_int("moe_intermediate_size", 2048);
-    m.scoring = MoeConfig::Scoring::Sigmoid;
     m.norm_topk_prob = r.get_bool("norm_topk_prob", true);
     m.routed_scaling_factor = r.get_num("routed_scaling_factor", 2.5);
     m.n_group = r.get_int("n_group", 8);
     m.topk_group = r.get_int("topk_group", 4);
-    m.correction_bias = true;
     m.shared_intermediate_size = m.intermediate_size * r.get_int("n_shared_experts", 1, 0);
     m.first_k_dense = r.get_int("first_k_dense_replace", 3, 0);
+    // transformers 4.51.3's DeepseekV3 routes by noaux_tc: sigmoid scores, the
+    // choice steered by e_score_correction_bias within the topk_group best
+    // groups. "greedy" (DeepSeek-V2-Lite's remote code, a deepseek2 GGUF
+    // without exp_probs_b): the top-k of the scores, no bias, no group limit;
+    // with a softmax scoring_func (DeepSeek-V2's) the weights are the softmax
+    // probabilities, renormalised with norm_topk_prob and then scaled.
     const std::string method = r.get_str("topk_method", "noaux_tc");
-    if (method != "noaux_tc")
-      r.fail("unsupported topk_method '" + method + "' (transformers 4.51.3's DeepseekV3 routes by noaux_tc)");
     const std::string scoring = r.get_str("scoring_func", "sigmoid");
-    if (scoring != "sigmoid") r.fail("unsupported scoring_func '" + scoring + "' (supported: sigmoid)");
+    if (scoring != "sigmoid" && scoring != "softmax")
+      r.fail("unsupported scoring_func '" + scoring + "' (supported: sigmoid, softmax)");
+    m.scoring = scoring == "softmax" ? MoeConfig::Scoring::Softmax : MoeConfig::Scoring::Sigmoid;
+    if (method == "noaux_tc") {
+      if (scoring != "sigmoid") r.fail("topk_method noaux_tc needs scoring_func sigmoid, got '" + scoring + "'");
+      m.correction_bias = true;
+    } else if (method == "greedy") {
+      if (m.topk_group != m.n_group)
+        r.fail("topk_method greedy chooses among all experts: topk_group (" + std::to_string(m.topk_group) +
+               ") must equal n_group (" + std::to_string(m.n_group) + ")");
+    } else {
+      r.fail("unsupported topk_method '" + method + "' (supported: noaux_tc, greedy)");
+    }
     if (m.num_experts % m.n_group != 0)
       r.fail("n_routed_experts (" + std::to_string(m.num_experts) + ") must be a multiple of n_group (" +
              std::to_string(m.n_group) + ")");

@@ -1,14 +1,9 @@
-// GGUF checkpoints as models: llama.cpp's metadata keys and tensor names
-// mapped to HF's config.json and parameter names, and the reverse (an HF
-// checkpoint written as GGUF the way llama.cpp's convert_hf_to_gguf.py and
-// llama-quantize write it). Architectures: llama (and mistral, which
-// converts to llama), qwen2, qwen3.
-//
-// llama.cpp's converter permutes the rows of a llama's q_proj / k_proj
-// (weights and biases) so that each head's rotary pairs are adjacent
-// (convert_hf_to_gguf.py LlamaModel.permute): HF row h*Dh + half*Dh/2 + j is
-// stored at GGUF row h*Dh + 2j + half. Loading undoes it, so the reference
-// computes HF's function; qwen2/qwen3 are stored unpermuted.
+// GGUF checkpoints as models: llama.cpp's metadata keys (gguf-py
+// constants.py Keys) mapped to HF's config.json. Architectures: llama (and
+// mistral, which converts to llama; with experts, Mixtral), qwen2, qwen3,
+// qwen2moe, qwen3moe and deepseek2 (DeepSeek-V2/V3 multi-head latent
+// attention and MoE, as transformers' deepseek_v3). Tensor names:
+// dumps/model/gguf_names.h; writing: dumps/model/gguf_export.h.
 #pragma once
 #include <string>
 #include <vector>
@@ -16,42 +11,42 @@
 #include "dumps/model/config.h"
 #include "dumps/formats/ggml_types.h"
 #include "dumps/formats/gguf.h"
+#include "dumps/model/gguf_names.h"
 
 namespace llmdiff {
 
 // Whether `path` is a regular file that starts with GGUF's magic.
 bool is_gguf_file(const std::string& path);
 
-// The architectures a GGUF model may have, comma separated.
+// The architectures a GGUF model may have, for messages.
 std::string gguf_supported_architectures();
 
-// The HF config.json equivalent of a GGUF model's metadata (model_type,
-// sizes, eps, rope base and scaling, context, vocab from token_embd, tie from
-// the absence of output.weight, bias and q/k-norm from their tensors), as
-// JSON text. Throws ConfigError naming the file and key for an unsupported
-// architecture or a missing/ill-typed key.
+// The HF config.json equivalent of a GGUF model's metadata, as JSON text:
+// model_type (mixtral for a llama with experts, qwen2_moe, qwen3_moe,
+// deepseek_v3 for deepseek2), sizes, eps, rope base and scaling (yarn with
+// DeepSeek's mscale from rope.scaling.yarn_log_multiplier), context, vocab
+// from token_embd, tie from the absence of output.weight, bias and q/k-norm
+// from their tensors; experts (count, top-k, intermediate sizes, gating
+// function, renormalisation, routed scaling factor, expert groups, shared
+// experts, leading dense layers); MLA ranks and head sizes (joint or split
+// kv_b). Throws ConfigError naming the file and key for an unsupported
+// architecture or a missing/ill-typed/inconsistent key.
 std::string gguf_config_json(const GgufFile& f);
 ModelConfig gguf_config(const GgufFile& f);
-
-// The GGUF name of an HF parameter name ("" when the model has no such name).
-std::string gguf_tensor_name(const std::string& hf_name);
-// Whether the tensor's rows are stored permuted (llama q/k); `heads` gets the
-// head count the permutation groups rows by.
-bool gguf_rows_permuted(const ModelConfig& cfg, const std::string& hf_name, int64_t* heads);
-// Row r of the HF layout <- row gguf_row(r) of the stored one.
-int64_t gguf_permuted_row(int64_t r, int64_t rows, int64_t heads);
 
 // A supported ggml type by name ("Q4_K", "F16"); throws UsageError listing them.
 GgmlType parse_ggml_type(const std::string& name);
 
-// Writes an HF checkpoint's weights as GGUF v3 at `path` (atomically):
-// metadata as llama.cpp writes it for the architecture, q/k rows permuted
-// for llama, 1-D tensors in F32 and 2-D ones in `type`. As llama-quantize
-// does, a matrix whose rows are not a whole number of `type`'s blocks falls
-// back to a smaller-block type (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0,
-// Q2_K/Q3_K -> Q4_0 here, others -> F16). Returns the type of each tensor
-// written ("blk.0.attn_q.weight Q4_K", ...).
-class ModelWeights;
-std::vector<std::string> write_gguf(const ModelWeights& w, const std::string& path, GgmlType type);
+// The shortest decimal that reads back as the same float32: GGUF stores eps,
+// rope bases and scales as f32, HF's config.json as decimals (1e-05, not
+// 9.99999975e-06). HF adds them to float32 tensors, where both are the same
+// float32.
+double gguf_f32_decimal(double v);
+
+// llama.cpp's llama-3 rope factors (convert_hf_to_gguf.py
+// LlamaModel.generate_extra_tensors, written as rope_freqs.weight) for the
+// given rope_scaling parameters, in double.
+std::vector<double> gguf_llama3_rope_factors(double base, int64_t dim, double factor, double low, double high,
+                                             double old_ctx);
 
 }  // namespace llmdiff

@@ -166,44 +166,76 @@ WeightView ModelWeights::find(const std::string& name) const {
   return w;
 }
 
-WeightView ModelWeights::find_gguf(const std::string& name) const {
-  const std::string stored = gguf_tensor_name(name);
-  const GgufTensorInfo* t = stored.empty() ? nullptr : gguf_->find(stored);
-  if (!t) return {};
-  WeightView w;
-  w.name = name;
-  w.stored_name = stored;
-  w.file = gguf_->path();
-  w.shape = t->shape();
-  switch (t->type) {
+namespace {
+
+// A GGUF tensor's values' type as a view holds it: F32/F16/BF16 as a dtype,
+// a supported block type in `quant`.
+void set_stored_type(WeightView& w, const GgufFile& f, const GgufTensorInfo& t) {
+  switch (t.type) {
     case GgmlType::F32: w.dtype = DType::F32; break;
     case GgmlType::F16: w.dtype = DType::F16; break;
     case GgmlType::BF16: w.dtype = DType::BF16; break;
     default:
-      if (!ggml_type_supported(uint32_t(t->type)) || !ggml_is_quantized(t->type))
-        throw FormatError(gguf_->path(), stored, "unsupported tensor type " + ggml_type_name(uint32_t(t->type)) +
-                                                     " (supported: " + ggml_supported_types() + ")");
+      if (!ggml_type_supported(uint32_t(t.type)) || !ggml_is_quantized(t.type))
+        throw FormatError(f.path(), t.name, "unsupported tensor type " + ggml_type_name(uint32_t(t.type)) +
+                                                " (supported: " + ggml_supported_types() + ")");
       w.dtype = DType::F32;
-      w.quant = t->type;
+      w.quant = t.type;
   }
+}
+
+std::string ne_str(const GgufTensorInfo& t) {
+  std::string s = "ne {";
+  for (size_t i = 0; i < t.ne.size(); ++i) s += (i ? ", " : "") + std::to_string(t.ne[i]);
+  return s + "}";
+}
+
+}  // namespace
+
+WeightView ModelWeights::find_gguf(const std::string& name) const {
+  const GgufLocation loc = gguf_locate(name);
+  if (loc.kv_b && !gguf_->find(loc.name) && gguf_->find(loc.k_b_name)) return gguf_kv_b(name, loc);
+  const GgufTensorInfo* t = loc.name.empty() ? nullptr : gguf_->find(loc.name);
+  if (!t) return {};
+  WeightView w;
+  w.name = name;
+  w.stored_name = loc.name;
+  w.file = gguf_->path();
+  w.shape = t->shape();
+  set_stored_type(w, *gguf_, *t);
   w.data = gguf_->data(*t);
+  if (loc.expert >= 0) {
+    // Expert e of a merged tensor ne {cols, rows, E}: the contiguous block e, in place.
+    const int64_t E = cfg_.moe.num_experts;
+    if (t->ne.size() != 3 || t->ne[2] != E)
+      throw ShapeError(w.file, loc.name, "3-D ne {cols, rows, " + std::to_string(E) + "} (" + std::to_string(E) +
+                                             " experts: expert_count)", ne_str(*t));
+    if (loc.expert >= E) return {};
+    w.shape = {t->ne[1], t->ne[0]};
+    w.stored_name = loc.name + " expert " + std::to_string(loc.expert);
+    w.data = static_cast<const uint8_t*>(w.data) + size_t(loc.expert) * w.bytes();
+    return w;
+  }
+  static const std::string gate = ".mlp.shared_expert_gate.weight";
+  if (t->ne.size() == 1 && name.size() > gate.size() && name.compare(name.size() - gate.size(), gate.size(), gate) == 0)
+    w.shape = {1, t->ne[0]};  // Qwen2-MoE's [1, D] gate, stored 1-D by some converters
   int64_t heads = 0;
   if (gguf_rows_permuted(cfg_, name, &heads) && w.shape.size() == 2) {
     // llama.cpp stored each head's rotary pairs adjacent: the rows are read
     // through the permutation, in place.
     if (heads <= 0 || w.rows() % heads != 0 || (w.rows() / heads) % 2 != 0)
-      throw ShapeError(w.file, stored, "rows a multiple of 2 x " + std::to_string(heads) + " heads", shape_str(w.shape));
+      throw ShapeError(w.file, loc.name, "rows a multiple of 2 x " + std::to_string(heads) + " heads", shape_str(w.shape));
     w.interleaved_heads = heads;
   } else if (gguf_rows_permuted(cfg_, name, &heads)) {
     // A bias's elements, put back in HF's order once (a copy of one row).
-    auto [it, fresh] = owned_.try_emplace(stored);
+    auto [it, fresh] = owned_.try_emplace(loc.name);
     if (fresh) {
       const bool vec = w.shape.size() == 1;
       const int64_t n = vec ? w.numel() : w.rows();
       const size_t width = vec ? dtype_size(w.dtype) : w.row_bytes();
       if (heads <= 0 || n % heads != 0 || (n / heads) % 2 != 0)
-        throw ShapeError(w.file, stored, "rows a multiple of 2 x " + std::to_string(heads) + " heads", shape_str(w.shape));
-      if (vec && w.quantized()) throw FormatError(w.file, stored, "a quantised bias is not supported");
+        throw ShapeError(w.file, loc.name, "rows a multiple of 2 x " + std::to_string(heads) + " heads", shape_str(w.shape));
+      if (vec && w.quantized()) throw FormatError(w.file, loc.name, "a quantised bias is not supported");
       it->second.resize(size_t(n) * width);
       const auto* src = static_cast<const uint8_t*>(w.data);
       for (int64_t r = 0; r < n; ++r)
@@ -212,6 +244,71 @@ WeightView ModelWeights::find_gguf(const std::string& name) const {
     w.data = it->second.data();
     w.owned = true;
   }
+  return w;
+}
+
+WeightView ModelWeights::gguf_kv_b(const std::string& name, const GgufLocation& loc) const {
+  // kv_b_proj [H*(Dn+Dv), Rkv] from the absorbed form's attn_k_b ne {Dn, Rkv, H}
+  // (each head's key rows transposed) and attn_v_b ne {Rkv, Dv, H}: the key
+  // part is a transpose, so the matrix is assembled once (float32, or the
+  // 16-bit type both share: exact).
+  const GgufTensorInfo* kt = gguf_->find(loc.k_b_name);
+  const GgufTensorInfo* vt = gguf_->find(loc.v_b_name);
+  if (!vt) throw MissingTensorError(gguf_->path(), loc.v_b_name + "' (with " + loc.k_b_name + ", HF '" + name + "')");
+  const int64_t H = cfg_.num_attention_heads, Dn = cfg_.mla.qk_nope_head_dim, Dv = cfg_.mla.v_head_dim;
+  const int64_t Rkv = cfg_.mla.kv_lora_rank;
+  if (kt->ne != std::vector<int64_t>{Dn, Rkv, H})
+    throw ShapeError(gguf_->path(), loc.k_b_name, "ne {" + std::to_string(Dn) + ", " + std::to_string(Rkv) + ", " +
+                                                      std::to_string(H) + "} (qk_nope, kv_lora_rank, heads)", ne_str(*kt));
+  if (vt->ne != std::vector<int64_t>{Rkv, Dv, H})
+    throw ShapeError(gguf_->path(), loc.v_b_name, "ne {" + std::to_string(Rkv) + ", " + std::to_string(Dv) + ", " +
+                                                      std::to_string(H) + "} (kv_lora_rank, v_head, heads)", ne_str(*vt));
+  WeightView k, v;  // each as a [H*rows, cols] matrix of its own type
+  for (auto [view, t] : {std::pair<WeightView*, const GgufTensorInfo*>{&k, kt}, {&v, vt}}) {
+    view->file = gguf_->path();
+    view->name = name;
+    view->stored_name = t->name;
+    view->shape = {t->ne[2] * t->ne[1], t->ne[0]};
+    set_stored_type(*view, *gguf_, *t);
+    view->data = gguf_->data(*t);
+  }
+  WeightView w;
+  w.name = name;
+  w.stored_name = loc.k_b_name + " + " + loc.v_b_name;
+  w.file = gguf_->path();
+  w.shape = {H * (Dn + Dv), Rkv};
+  const bool same16 = !k.quantized() && !v.quantized() && k.dtype == v.dtype;
+  w.dtype = same16 ? k.dtype : DType::F32;
+  w.owned = true;
+  const auto [slot, fresh] = owned_.try_emplace(w.stored_name);
+  std::vector<uint8_t>& bytes = slot->second;
+  if (fresh) {
+    const size_t es = dtype_size(w.dtype);
+    bytes.resize(size_t(w.numel()) * es);
+    std::vector<float> kr(size_t(Rkv * Dn)), vr(size_t(Dv * Rkv));  // one head's [Rkv, Dn], [Dv, Rkv]
+    std::vector<float> row(static_cast<size_t>(Rkv));
+    auto put = [&](int64_t r, const float* values) {  // row r in w's dtype (exact: the values came from it)
+      uint8_t* dst = bytes.data() + size_t(r * Rkv) * es;
+      for (int64_t c = 0; c < Rkv; ++c) {
+        if (w.dtype == DType::F32) {
+          std::memcpy(dst + size_t(c) * 4, &values[c], 4);
+        } else {
+          const uint16_t h = w.dtype == DType::F16 ? f32_to_f16(values[c]) : f32_to_bf16(values[c]);
+          std::memcpy(dst + size_t(c) * 2, &h, 2);
+        }
+      }
+    };
+    for (int64_t h = 0; h < H; ++h) {
+      k.rows_f32(h * Rkv, Rkv, kr.data());
+      v.rows_f32(h * Dv, Dv, vr.data());
+      for (int64_t i = 0; i < Dn; ++i) {
+        for (int64_t r = 0; r < Rkv; ++r) row[size_t(r)] = kr[size_t(r * Dn + i)];
+        put(h * (Dn + Dv) + i, row.data());
+      }
+      for (int64_t j = 0; j < Dv; ++j) put(h * (Dn + Dv) + Dn + j, &vr[size_t(j * Rkv)]);
+    }
+  }
+  w.data = bytes.data();
   return w;
 }
 
@@ -241,7 +338,8 @@ WeightView ModelWeights::require(const std::string& name, const Shape& shape) co
   WeightView w = find(name);
   if (!w) {
     if (gguf_) {
-      const std::string stored = gguf_tensor_name(name);
+      const GgufLocation loc = gguf_locate(name);
+      const std::string stored = loc.kv_b ? loc.name + "' (or '" + loc.k_b_name + "' with '" + loc.v_b_name : loc.name;
       throw MissingTensorError(gguf_->path(), stored.empty() ? name : stored + "' (HF '" + name + "')");
     }
     throw MissingTensorError(files_.size() == 1 ? files_[0]->path() : dir_ + "/model.safetensors.index.json", name);

@@ -1,7 +1,9 @@
 // Checkpoint weights: an HF model.safetensors or a sharded
 // model.safetensors.index.json, or a GGUF file (llama.cpp's format), mmapped,
 // looked up by HF name and checked against the config. Views point into the
-// maps; the only copies are a GGUF llama's q/k rows, put back in HF's order.
+// maps (a GGUF's routed experts: each expert's block of the merged tensor);
+// the only copies are a GGUF llama's q/k biases, put back in HF's order, and
+// an MLA kv_b assembled from a GGUF's split attn_k_b / attn_v_b.
 #pragma once
 #include <array>
 #include <map>
@@ -16,6 +18,7 @@
 namespace llmdiff {
 
 class GgufFile;
+struct GgufLocation;
 
 // A weight in place: stored dtype, shape and a pointer into the mmap.
 struct WeightView {
@@ -122,11 +125,14 @@ class ModelWeights {
   WeightView require(const std::string& name, const Shape& shape) const;
   WeightView optional(const std::string& name, const Shape& shape) const;
   WeightView find_gguf(const std::string& hf_name) const;
+  // MLA's kv_b_proj assembled from a GGUF's split attn_k_b / attn_v_b.
+  WeightView gguf_kv_b(const std::string& hf_name, const GgufLocation& loc) const;
   ModelConfig cfg_;
   std::string dir_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::unique_ptr<GgufFile> gguf_;
-  // GGUF llama q/k biases with their elements put back in HF's order, by GGUF name.
+  // GGUF llama q/k biases with their elements put back in HF's order, and
+  // MLA kv_b matrices assembled from split k_b / v_b, by GGUF name.
   mutable std::map<std::string, std::vector<uint8_t>> owned_;
   std::vector<std::pair<std::string, size_t>> name_to_file_;  // sorted by name
 };
