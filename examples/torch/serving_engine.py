@@ -480,7 +480,7 @@ def record(engine, model_dir, config_text, requests, out, sites=None):
         seq_ids="attn_metadata.seq_ids", cu_seqlens="attn_metadata.query_start_loc",
         positions="positions", slot_mapping="attn_metadata.slot_mapping",
         block_tables="attn_metadata.block_tables", context_lens="attn_metadata.seq_lens",
-        kv_caches="kv_caches", block_size=engine.block_size)
+        kv_caches="kv_caches", padded=True)
     with llmdump.DumpWriter(out, producer="serving_engine.py (torch %s)" % torch.__version__,
                             model=os.path.basename(os.path.normpath(model_dir)), config=config_text,
                             scenario="batch", dtype="float32") as w:

@@ -104,11 +104,13 @@ class Adapter:
     cumulative rows; optional: positions [rows], slot_mapping [rows] (-1 on padding
     rows), block_tables [n, max_blocks], context_lens [n] (the positions attention
     reads, S = cached + new), kv_caches (per layer a (k, v) pair of pools, or a
-    [2, ...] tensor) laid out kv_layout, block_size (default: from the pool)."""
+    [2, ...] tensor) laid out kv_layout, block_size (default: from the pool).
+    padded=True: the engine pads its rows (e.g. to a captured graph's size); rows
+    past cu_seqlens[-1] are then dropped, else they are an error."""
 
     def __init__(self, seq_ids, cu_seqlens=None, query_start_loc=None, positions=None, slot_mapping=None,
                  block_tables=None, context_lens=None, kv_caches=None, block_size=None,
-                 kv_layout="block,slot,head,dim"):
+                 kv_layout="block,slot,head,dim", padded=False):
         if (cu_seqlens is None) == (query_start_loc is None):
             raise llmdump.DumpError("Adapter: give one of cu_seqlens and query_start_loc")
         if kv_layout not in ("block,slot,head,dim", "block,head,slot,dim"):
@@ -116,7 +118,7 @@ class Adapter:
         self.fields = {"seq_ids": seq_ids, "cu_seqlens": cu_seqlens if cu_seqlens is not None else query_start_loc,
                        "positions": positions, "slot_mapping": slot_mapping, "block_tables": block_tables,
                        "context_lens": context_lens, "kv_caches": kv_caches}
-        self.block_size, self.kv_layout = block_size, kv_layout
+        self.block_size, self.kv_layout, self.padded = block_size, kv_layout, padded
 
     def label(self, field):
         spec = self.fields[field]
@@ -260,9 +262,10 @@ class PackedRecorder:
         if positions is not None:
             positions = _ints(positions).reshape(-1)
             rows = positions.size
-            if rows < cu[-1]:
-                raise llmdump.DumpError("%s: %s has %d rows, but %s ends at %d"
-                                        % (where, a.label("positions"), rows, a.label("cu_seqlens"), cu[-1]))
+            if rows < cu[-1] or (rows > cu[-1] and not a.padded):
+                raise llmdump.DumpError("%s: %s has %d rows, but %s ends at %d%s"
+                                        % (where, a.label("positions"), rows, a.label("cu_seqlens"), cu[-1],
+                                           "" if rows < cu[-1] else " (an engine that pads its rows: Adapter(padded=True))"))
         self.call = _Call(members, [int(c) for c in cu], rows)
         self.call.iteration_names = names
         slots = a.read("slot_mapping", arguments)
@@ -362,7 +365,8 @@ class PackedRecorder:
         rows = x.shape[0] if x.dim() else 0
         if site == "logits" and rows == n and rows != expected:
             return [x[i:i + 1] for i in range(n)], True
-        if rows < call.cu[-1] or (call.rows is not None and rows != call.rows):
+        if rows < call.cu[-1] or (rows > call.cu[-1] and not self.adapter.padded) or \
+                (call.rows is not None and rows != call.rows):
             raise llmdump.DumpError("%s: %s (%s): %d rows, but %s ends at %d%s in forward call %d"
                                     % (where, site, "x".join(str(d) for d in x.shape), rows,
                                        self.adapter.label("cu_seqlens"), call.cu[-1],
@@ -399,7 +403,7 @@ class PackedRecorder:
         if x.shape[-1] != sum(widths):
             raise llmdump.DumpError("%s: output (%s) has %d columns, but %s need %s = %d from the config (%s)"
                                     % (path, "x".join(str(d) for d in x.shape), x.shape[-1],
-                                       "/".join(s.rsplit(".", 1)[-1] for s in names),
+                                       names[0].rsplit(".", 1)[0] + "." + "/".join(s.rsplit(".", 1)[-1] for s in names),
                                        "+".join(str(w) for w in widths), sum(widths), self._config_note(names)))
         return list(x.split(widths, dim=-1))
 
