@@ -3,7 +3,8 @@
 # docs/COOKBOOK.md "a PyTorch serving engine") end to end on one golden model:
 # three sequences joining at iterations 0, 1 and 2, chunked prefill, a paged
 # KV cache of 4-position blocks, recorded by writers/python/llmdump_serving.py.
-# The clean engine (its rows padded to a multiple of 4) must pass sequence by
+# The clean engine (its rows padded to a multiple of 4, logits for each
+# sequence's last row only, as vLLM computes them) must pass sequence by
 # sequence (exit 0); each engine bug given must be localised to its sequence,
 # step and op and named (exit 1); block-table-order (the paged-attention
 # kernel reading two blocks swapped) must be localised to its sequence, step
@@ -17,7 +18,7 @@ mkdir -p "$work"
 name=$(basename "$model")
 engine() { /usr/bin/python3 examples/torch/serving_engine.py "$model" "$@"; }
 
-engine --pad-to 4 --out "$work/clean.safetensors" > "$work/clean.log"
+engine --pad-to 4 --last-logits --out "$work/clean.safetensors" > "$work/clean.log"
 "$llmdiff" bisect --model "$model" "$work/clean.safetensors" > "$work/clean.txt" || {
   cat "$work/clean.txt"; echo "cookbook_serving $name: the clean engine was not judged correct" >&2; exit 1; }
 

@@ -5,8 +5,11 @@ engine iteration is one forward call over the packed rows of every live
 sequence (prompt chunks first, then one row per decoding sequence), fused
 `qkv_proj` and `gate_up_proj`, an `AttentionMetadata` with `query_start_loc`,
 `slot_mapping`, `block_tables`, `seq_lens`, and a paged KV cache written by
-`write_to_kv_cache`. Sequences join at different iterations, prompts are
-prefilled in chunks, finished sequences give their blocks back.
+`write_to_kv_cache`, the residual stream beside the hidden state as vLLM
+keeps it (fused add + RMSNorm). Sequences join at different iterations,
+prompts are prefilled in chunks, finished sequences give their blocks back;
+--pad-to pads each iteration's rows (as a captured graph's batch size would),
+--last-logits computes logits for each sequence's last row only.
 
 The forward has no recording code: writers/python/llmdump_serving.py records
 it through forward hooks and the metadata (the `record` function below is
@@ -152,6 +155,7 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor     # [num_rows] cache slot of each row, -1 for padding rows
     num_prefill_tokens: int
     num_decode_tokens: int
+    logits_indices: torch.Tensor = None  # [n] each sequence's last row, when only those get logits
 
 
 def write_to_kv_cache(k, v, kv_cache, slot_mapping):
@@ -208,12 +212,18 @@ class PagedAttention(nn.Module):
 # ---- layers --------------------------------------------------------------------------------
 
 class RMSNorm(nn.Module):
+    """With a residual (vLLM's fused add + norm): x + residual is the new residual
+    stream, returned beside its norm."""
+
     def __init__(self, dim, eps):
         super().__init__()
         self.weight, self.eps = nn.Parameter(torch.ones(dim)), eps
 
-    def forward(self, x):
-        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+    def forward(self, x, residual=None):
+        if residual is not None:
+            x = residual = x + residual
+        y = self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+        return y if residual is None else (y, residual)
 
 
 class Attention(nn.Module):
@@ -290,9 +300,16 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.D, c.eps)
         self.mlp = SparseMoE(c) if c.experts else MLP(c.D, c.F)
 
-    def forward(self, x, cos, sin, kv_cache, md):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, md)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, cos, sin, kv_cache, md):
+        """vLLM's layout: the residual stream travels beside the hidden state; the
+        layer's output is their sum (hidden, residual)."""
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, cos, sin, kv_cache, md)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 class Model(nn.Module):
@@ -310,12 +327,17 @@ class ForCausalLM(nn.Module):
         self.model = Model(c)
         self.lm_head = nn.Linear(c.D, c.V, bias=False)
 
-    def forward(self, input_ids, positions, kv_caches, attn_metadata):  # [R], [R] -> logits [R, V]
+    def forward(self, input_ids, positions, kv_caches, attn_metadata):
+        """[R], [R] -> logits [R, V], or [n, V] for each sequence's last row when the
+        metadata has logits_indices (vLLM computes only the rows it samples)."""
         cos, sin = self.model.rotary_emb(positions)
-        x = self.model.embed_tokens(input_ids)
+        x, residual = self.model.embed_tokens(input_ids), None
         for layer, kv_cache in zip(self.model.layers, kv_caches):
-            x = layer(x, cos, sin, kv_cache, attn_metadata)
-        return self.lm_head(self.model.norm(x))
+            x, residual = layer(x, residual, cos, sin, kv_cache, attn_metadata)
+        x, _ = self.model.norm(x, residual)
+        if attn_metadata.logits_indices is not None:
+            x = x[attn_metadata.logits_indices]
+        return self.lm_head(x)
 
 
 def load_model(model_dir):
@@ -374,8 +396,8 @@ class Sequence:
 
 
 class Engine:
-    def __init__(self, model, c, block_size=4, num_blocks=64, chunk=4, pad_to=1, bug=None):
-        self.model, self.c, self.bug = model, c, bug
+    def __init__(self, model, c, block_size=4, num_blocks=64, chunk=4, pad_to=1, bug=None, last_logits=False):
+        self.model, self.c, self.bug, self.last_logits = model, c, bug, last_logits
         self.block_size, self.chunk, self.pad_to = block_size, chunk, pad_to
         self.kv_caches = [(torch.zeros(num_blocks, block_size, c.Hkv, c.Dh),
                            torch.zeros(num_blocks, block_size, c.Hkv, c.Dh)) for _ in range(c.L)]
@@ -414,7 +436,8 @@ class Engine:
             seq_lens=torch.tensor(seq_lens), context_lens=torch.tensor(ctx),
             block_tables=torch.tensor([t + [-1] * (width - len(t)) for t in tables]),
             slot_mapping=torch.tensor(slots + [-1] * pad),
-            num_prefill_tokens=counts[0], num_decode_tokens=counts[1])
+            num_prefill_tokens=counts[0], num_decode_tokens=counts[1],
+            logits_indices=torch.tensor(loc[1:]) - 1 if self.last_logits else None)
         return torch.tensor(tokens), torch.tensor(positions + [0] * pad), md
 
     def step(self, live):
@@ -431,7 +454,8 @@ class Engine:
         for i, (s, toks) in enumerate(batch):
             s.cached += len(toks)
             if s.cached >= len(s.req.prompt):
-                s.generated.append(int(logits[int(md.query_start_loc[i + 1]) - 1].argmax()))
+                row = i if self.last_logits else int(md.query_start_loc[i + 1]) - 1
+                s.generated.append(int(logits[row].argmax()))
             if len(s.generated) > s.req.decode:  # its last decode step done
                 s.done = True
                 self.free.extend(s.blocks)
@@ -499,6 +523,7 @@ def main():
     ap.add_argument("--num-blocks", type=int, default=64)
     ap.add_argument("--chunk", type=int, default=3)
     ap.add_argument("--pad-to", type=int, default=1, help="pad each iteration's rows to a multiple of N")
+    ap.add_argument("--last-logits", action="store_true", help="logits for each sequence's last row only")
     ap.add_argument("--bug", choices=BUGS)
     ap.add_argument("--sites", help="comma-separated globs over the dump's names")
     ap.add_argument("--out", help="the dump (none: run without recording)")
@@ -506,7 +531,7 @@ def main():
     torch.set_grad_enabled(False)
     model, c, config_text = load_model(a.model)
     requests = parse_requests(a.requests, golden_prompt(a.model))
-    engine = Engine(model, c, a.block_size, a.num_blocks, a.chunk, a.pad_to, a.bug)
+    engine = Engine(model, c, a.block_size, a.num_blocks, a.chunk, a.pad_to, a.bug, a.last_logits)
     t0 = time.perf_counter()
     if a.out:
         generated = record(engine, a.model, config_text, requests, a.out, a.sites.split(",") if a.sites else None)

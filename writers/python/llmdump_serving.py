@@ -156,10 +156,13 @@ def _numpy(x):
 
 
 class _Call:
-    """One forward call's batch: its members (b, step) in row order and their rows."""
+    """One forward call's batch: its members (b, step) in row order, their rows
+    (cu [n + 1]; rows: the packed rows with padding, None when no positions say),
+    the metadata read from the forward's arguments, each member's last final_norm row."""
 
-    def __init__(self, members, cu, rows):
-        self.members, self.cu, self.rows = members, cu, rows  # rows: packed rows the metadata covers, None: unknown
+    def __init__(self, members, cu=None, rows=None, iteration_names=(), kv_caches=None, tables=None, context=None):
+        self.members, self.cu, self.rows, self.iteration_names = members, cu, rows, iteration_names
+        self.kv_caches, self.tables, self.context = kv_caches, tables, context  # tables [n, max_blocks], context [n]
         self.final_rows = {}
 
 
@@ -241,61 +244,49 @@ class PackedRecorder:
             self.call = _Call(self.numbering.call([0], [0])[0], None, None)
 
     def _read_metadata(self, args, kwargs):
+        """The forward call's batch from its arguments, checked; each member's
+        positions and kv.* written."""
         a = self.adapter
         bound = self.signature.bind(*args, **kwargs)
         bound.apply_defaults()
         arguments = dict(bound.arguments)
-        ids = a.read("seq_ids", arguments)
-        cu = _ints(a.read("cu_seqlens", arguments)).reshape(-1)
         where = "forward call %d" % self.numbering.count
+        cu = _ints(a.read("cu_seqlens", arguments)).reshape(-1)
         if cu.size == 0 or cu[0] != 0 or (np.diff(cu) < 0).any():
             raise llmdump.DumpError("%s: %s: %s must start at 0 and never decrease"
                                     % (where, a.label("cu_seqlens"), cu.tolist()))
-        ids = [int(i) for i in _ints(ids).reshape(-1)] if ids is not None else []
-        if len(ids) != cu.size - 1:
+        ids = [int(i) for i in _ints(a.read("seq_ids", arguments)).reshape(-1)]
+        count = len(ids)
+        if count != cu.size - 1:
             raise llmdump.DumpError("%s: %s has %d sequences, %s has %d entries (sequences + 1)"
-                                    % (where, a.label("seq_ids"), len(ids), a.label("cu_seqlens"), cu.size))
-        T = np.diff(cu)
-        members, names = self.numbering.call(ids, T)
-        positions = a.read("positions", arguments)
-        rows = None
-        if positions is not None:
-            positions = _ints(positions).reshape(-1)
-            rows = positions.size
-            if rows < cu[-1] or (rows > cu[-1] and not a.padded):
-                raise llmdump.DumpError("%s: %s has %d rows, but %s ends at %d%s"
-                                        % (where, a.label("positions"), rows, a.label("cu_seqlens"), cu[-1],
-                                           "" if rows < cu[-1] else " (an engine that pads its rows: Adapter(padded=True))"))
-        self.call = _Call(members, [int(c) for c in cu], rows)
-        self.call.iteration_names = names
-        slots = a.read("slot_mapping", arguments)
+                                    % (where, a.label("seq_ids"), count, a.label("cu_seqlens"), cu.size))
+        positions = self._per_row(a, "positions", arguments, cu, where, exact=not a.padded)
+        slots = self._per_row(a, "slot_mapping", arguments, cu, where)
         tables = a.read("block_tables", arguments)
-        context = a.read("context_lens", arguments)
-        self.call.kv_caches = a.read("kv_caches", arguments)
-        if self.call.kv_caches is not None:
-            self._pool_shape(self.call.kv_caches, where)
-        if slots is not None:
-            slots = _ints(slots).reshape(-1)
-            if slots.size < cu[-1]:
-                raise llmdump.DumpError("%s: %s has %d rows, but %s ends at %d"
-                                        % (where, a.label("slot_mapping"), slots.size, a.label("cu_seqlens"), cu[-1]))
-            real = slots[:cu[-1]]
-            if self.pool is not None and ((real < 0) | (real >= self.pool[0] * self.pool[1])).any():
-                r = int(np.nonzero((real < 0) | (real >= self.pool[0] * self.pool[1]))[0][0])
-                raise llmdump.DumpError("%s: %s: slot %d of row %d is outside the pool of %d slots (%d blocks of %d)"
-                                        % (where, a.label("slot_mapping"), real[r], r, self.pool[0] * self.pool[1],
-                                           self.pool[0], self.pool[1]))
         if tables is not None:
             tables = _ints(tables)
-            if tables.ndim != 2 or tables.shape[0] != len(ids):
+            if tables.ndim != 2 or tables.shape[0] != count:
                 raise llmdump.DumpError("%s: %s has shape %s, expected [%d sequences, blocks]"
-                                        % (where, a.label("block_tables"), list(tables.shape), len(ids)))
+                                        % (where, a.label("block_tables"), list(tables.shape), count))
+        context = a.read("context_lens", arguments)
         if context is not None:
             context = _ints(context).reshape(-1)
-            if context.size != len(ids):
+            if context.size != count:
                 raise llmdump.DumpError("%s: %s has %d entries for %d sequences"
-                                        % (where, a.label("context_lens"), context.size, len(ids)))
-        self.call.context, self.call.tables = context, tables
+                                        % (where, a.label("context_lens"), context.size, count))
+        kv_caches = a.read("kv_caches", arguments)
+        if kv_caches is not None:
+            self._pool_shape(kv_caches, where)
+        if slots is not None and self.pool is not None:
+            size = self.pool[0] * self.pool[1]
+            outside = np.nonzero((slots[:cu[-1]] < 0) | (slots[:cu[-1]] >= size))[0]
+            if outside.size:
+                r = int(outside[0])
+                raise llmdump.DumpError("%s: %s: slot %d of row %d is outside the pool of %d slots (%d blocks of %d)"
+                                        % (where, a.label("slot_mapping"), slots[r], r, size, self.pool[0], self.pool[1]))
+        members, names = self.numbering.call(ids, np.diff(cu))
+        self.call = _Call(members, [int(c) for c in cu], None if positions is None else positions.size, names,
+                          kv_caches, tables, context)
         for i, (b, n) in enumerate(members):
             if positions is not None:
                 self._seq(b, n, "positions", positions[cu[i]:cu[i + 1]])
@@ -305,6 +296,19 @@ class PackedRecorder:
                 self._seq(b, n, "kv.slot_mapping", slots[cu[i]:cu[i + 1]])
             if context is not None:
                 self._seq(b, n, "kv.context_len", context[i:i + 1])
+
+    def _per_row(self, a, field, arguments, cu, where, exact=False):
+        """A per-row adapter field [rows] (None when not given): at least cu_seqlens[-1]
+        rows, exactly that many when `exact`."""
+        x = a.read(field, arguments)
+        if x is None:
+            return None
+        x = _ints(x).reshape(-1)
+        if x.size < cu[-1] or (exact and x.size > cu[-1]):
+            raise llmdump.DumpError("%s: %s has %d rows, but %s ends at %d%s"
+                                    % (where, a.label(field), x.size, a.label("cu_seqlens"), cu[-1],
+                                       " (an engine that pads its rows: Adapter(padded=True))" if x.size > cu[-1] else ""))
+        return x
 
     def _end(self, module, inputs, output):
         call = self.call
@@ -322,7 +326,7 @@ class PackedRecorder:
             for (b, n) in call.members:
                 if b in call.final_rows:
                     self._seq(b, n, "last_hidden", call.final_rows[b])
-        for name, array in getattr(call, "iteration_names", []):
+        for name, array in call.iteration_names:
             self._write(name, array)
         for i, (b, n) in enumerate(call.members):
             if call.cu is not None:
@@ -360,7 +364,7 @@ class PackedRecorder:
                 x = x[0]
             return [x], False
         n, expected = len(call.members), call.rows or call.cu[-1]
-        if x.dim() >= 2 and x.shape[0] == 1 and expected > 1 and x.shape[1] >= call.cu[-1]:
+        if x.dim() >= 2 and x.shape[0] == 1 and expected > 1 and x.shape[1] == expected:
             x = x[0]  # [1, rows, ...]: a batch dimension of one over the packed rows
         rows = x.shape[0] if x.dim() else 0
         if site == "logits" and rows == n and rows != expected:
@@ -443,13 +447,13 @@ class PackedRecorder:
         self.pool = (int(blocks), int(bs))
 
     def _layer_pool(self, kv_caches, layer, where):
+        """Layer `layer`'s (k, v) pools: a pair, or a [2, ...] tensor as vLLM keeps them."""
         try:
             pair = kv_caches[layer]
-        except (IndexError, KeyError, TypeError):
-            raise llmdump.DumpError("%s: %s has no layer %d" % (where, self.adapter.label("kv_caches"), layer)) from None
-        if isinstance(pair, torch.Tensor) and pair.dim() == 5:
             return pair[0], pair[1]
-        return pair[0], pair[1]
+        except (IndexError, KeyError, TypeError):
+            raise llmdump.DumpError("%s: %s has no (k, v) pools of layer %d"
+                                    % (where, self.adapter.label("kv_caches"), layer)) from None
 
     def _table(self, i, where):
         """Member i's block table, cut to the blocks its context covers."""
@@ -474,10 +478,8 @@ class PackedRecorder:
 
     def _gather(self, names, layer, path):
         call = self.call
-        if call.kv_caches is None or call.tables is None:
-            raise llmdump.DumpError("%s: %s needs kv_caches and block_tables in the adapter" % (path, "/".join(names)))
-        if not self._wanted(names):
-            return
+        if call.kv_caches is None or call.tables is None or not self._wanted(names):
+            return  # the adapter names no pool or no tables: the caches are not observable
         where = "%s in forward call %d" % (path, self.numbering.count - 1)
         pools = self._layer_pool(call.kv_caches, layer, where)
         for i, (b, n) in enumerate(call.members):
