@@ -40,6 +40,7 @@ import numpy as np
 import torch
 from torch import nn
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(here, "..", "..", "writers", "python"))
 import llmdump  # noqa: E402
