@@ -250,7 +250,7 @@ class PackedRecorder:
         bound = self.signature.bind(*args, **kwargs)
         bound.apply_defaults()
         arguments = dict(bound.arguments)
-        where = "forward call %d" % self.numbering.count
+        where = "%s forward call %d" % (type(self.model).__name__, self.numbering.count)
         cu = _ints(a.read("cu_seqlens", arguments)).reshape(-1)
         if cu.size == 0 or cu[0] != 0 or (np.diff(cu) < 0).any():
             raise llmdump.DumpError("%s: %s: %s must start at 0 and never decrease"

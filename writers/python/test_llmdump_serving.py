@@ -158,7 +158,7 @@ def test_malformed(work, golden):
         engine._metadata = metadata
     msg = expect_error(lambda: record(engine_bug=far_slots), ["slot_mapping", "attn_metadata.slot_mapping", "outside the pool",
                                                               "64 slots"], "slot outside the pool")
-    check("forward call 0" in msg, "slot outside the pool: %r names no forward call" % msg)
+    check("ForCausalLM forward call 0" in msg, "slot outside the pool: %r names no module and forward call" % msg)
     # a fused size that does not match the config
     wrong = config_text.replace('"num_key_value_heads": 2', '"num_key_value_heads": 4')
     expect_error(lambda: record(config=wrong), ["model.layers.0.self_attn.qkv_proj", "layers.0.attn.q/k/v", "128", "192",
