@@ -397,7 +397,7 @@ class Sequence:
 
 
 class Engine:
-    def __init__(self, model, c, block_size=4, num_blocks=64, chunk=4, pad_to=1, bug=None, last_logits=False):
+    def __init__(self, model, c, block_size=4, num_blocks=64, chunk=3, pad_to=1, bug=None, last_logits=False):
         self.model, self.c, self.bug, self.last_logits = model, c, bug, last_logits
         self.block_size, self.chunk, self.pad_to = block_size, chunk, pad_to
         self.kv_caches = [(torch.zeros(num_blocks, block_size, c.Hkv, c.Dh),
@@ -425,9 +425,8 @@ class Engine:
                 slot = s.blocks[p // B] * B + p % B
                 slots.append(slot + 1 if self.bug == "slot-mapping-off-by-one" else slot)
                 positions.append(p + row0 if self.bug == "batch-positions" and decode else p)
-            table = list(s.blocks)
             ids.append(toks), loc.append(row0 + len(toks)), seq_lens.append(reads), ctx.append(s.cached)
-            tables.append(table)
+            tables.append(list(s.blocks))
         R = loc[-1]
         pad = -R % self.pad_to
         tokens = [t for toks in ids for t in toks] + [0] * pad
@@ -448,7 +447,7 @@ class Engine:
         counts = (sum(len(t) for _, t in prefill), len(decode))
         input_ids, positions, md = self._metadata(batch, counts)
         t0 = time.perf_counter()
-        logits = self.model(input_ids, positions, self.kv_caches, md)  # [R, V]
+        logits = self.model(input_ids, positions, self.kv_caches, md)  # [R, V], or [n, V] with last_logits
         self.seconds += time.perf_counter() - t0
         self.iterations += 1
         self.rows += int(md.query_start_loc[-1])
