@@ -92,6 +92,34 @@ void llmdump_take_rows_f32(const float* src, float* dst, int64_t outer, int64_t 
 int llmdump_gather_paged_f32(const float* pool, int64_t blocks, int64_t block_size, int64_t heads, int64_t dh,
                              int slot_major, const int64_t* block_table, int64_t table_len, int64_t length,
                              float* dst);
+/* Sequence i's rows of a packed batch (a serving engine's [rows, ...] tensor over every
+ * sequence of one forward call), split by cu_seqlens [n + 1] (vLLM's query_start_loc,
+ * FlashAttention's cu_seqlens_q): copies rows [cu[i], cu[i+1]) of src, each row_bytes
+ * long, to dst. Rows from cu[n] on (padding) belong to no sequence. Returns the row
+ * count, or -1 when cu_seqlens does not start at 0, decreases or ends past `rows`, or
+ * i is outside [0, n). */
+int64_t llmdump_split_rows(const void* src, size_t row_bytes, int64_t rows, const int64_t* cu_seqlens, int64_t n,
+                           int64_t i, void* dst);
+/* Numbering of a serving engine's forward calls (docs/DUMP_FORMAT.md, "Several
+ * sequences"): each engine sequence id gets b = 0, 1, ... in the order it first
+ * appears, each of its calls its own step, each call an iteration N. */
+typedef struct {
+  int64_t* ids;    /* engine sequence id of each b */
+  int64_t* steps;  /* calls so far of each b */
+  int64_t count, capacity;
+  int64_t iterations; /* calls so far */
+} llmdump_iterations;
+void llmdump_iterations_init(llmdump_iterations* it);
+void llmdump_iterations_free(llmdump_iterations* it);
+/* b of an engine sequence id already seen, or -1. */
+int64_t llmdump_iterations_seq(const llmdump_iterations* it, int64_t seq_id);
+/* Numbers one forward call over n sequences (engine ids in row order, their token
+ * counts): b[j] and step[j] of each, and, when w is not NULL, iter{N}.seqs,
+ * iter{N}.seq_steps and iter{N}.num_tokens added to w. Returns 0, or -1 when an id
+ * is there twice or memory runs out (nothing numbered), or when w refuses a tensor
+ * (llmdump_error(w)). */
+int llmdump_iterations_call(llmdump_iterations* it, llmdump_writer* w, const int64_t* seq_ids,
+                            const int64_t* num_tokens, int64_t n, int64_t* b, int64_t* step);
 /* Exact widening, bit-identical to llmdiff's conversions. */
 float llmdump_bf16_to_f32(uint16_t h);
 float llmdump_f16_to_f32(uint16_t h);
@@ -712,6 +740,75 @@ void llmdump_take_rows_f32(const float* src, float* dst, int64_t outer, int64_t 
   int64_t o;
   for (o = 0; o < outer; ++o)
     memcpy(dst + o * count * inner, src + (o * n + first) * inner, (size_t)(count * inner) * sizeof(float));
+}
+
+int64_t llmdump_split_rows(const void* src, size_t row_bytes, int64_t rows, const int64_t* cu_seqlens, int64_t n,
+                           int64_t i, void* dst) {
+  int64_t j;
+  if (n < 0 || i < 0 || i >= n || cu_seqlens[0] != 0 || cu_seqlens[n] > rows) return -1;
+  for (j = 0; j < n; ++j)
+    if (cu_seqlens[j + 1] < cu_seqlens[j]) return -1;
+  memcpy(dst, (const char*)src + (size_t)cu_seqlens[i] * row_bytes,
+         (size_t)(cu_seqlens[i + 1] - cu_seqlens[i]) * row_bytes);
+  return cu_seqlens[i + 1] - cu_seqlens[i];
+}
+
+void llmdump_iterations_init(llmdump_iterations* it) { memset(it, 0, sizeof *it); }
+
+void llmdump_iterations_free(llmdump_iterations* it) {
+  free(it->ids);
+  free(it->steps);
+  llmdump_iterations_init(it);
+}
+
+int64_t llmdump_iterations_seq(const llmdump_iterations* it, int64_t seq_id) {
+  int64_t b;
+  for (b = 0; b < it->count; ++b)
+    if (it->ids[b] == seq_id) return b;
+  return -1;
+}
+
+int llmdump_iterations_call(llmdump_iterations* it, llmdump_writer* w, const int64_t* seq_ids,
+                            const int64_t* num_tokens, int64_t n, int64_t* b, int64_t* step) {
+  int64_t j, k, added = 0;
+  char name[64];
+  for (j = 0; j < n; ++j) {
+    for (k = 0; k < j; ++k)
+      if (seq_ids[k] == seq_ids[j]) return -1;
+    if (llmdump_iterations_seq(it, seq_ids[j]) < 0) ++added;
+  }
+  if (it->count + added > it->capacity) {
+    const int64_t cap = (it->count + added) * 2;
+    int64_t* ids = (int64_t*)realloc(it->ids, (size_t)cap * sizeof(int64_t));
+    int64_t* steps;
+    if (!ids) return -1;
+    it->ids = ids;
+    steps = (int64_t*)realloc(it->steps, (size_t)cap * sizeof(int64_t));
+    if (!steps) return -1;
+    it->steps = steps;
+    it->capacity = cap;
+  }
+  for (j = 0; j < n; ++j) {
+    int64_t s = llmdump_iterations_seq(it, seq_ids[j]);
+    if (s < 0) {
+      s = it->count++;
+      it->ids[s] = seq_ids[j];
+      it->steps[s] = 0;
+    }
+    b[j] = s;
+    step[j] = it->steps[s]++;
+  }
+  if (w) {
+    const int64_t shape[1] = {n};
+    snprintf(name, sizeof name, "iter%lld.seqs", (long long)it->iterations);
+    if (llmdump_add_i64(w, name, 1, shape, b)) return -1;
+    snprintf(name, sizeof name, "iter%lld.seq_steps", (long long)it->iterations);
+    if (llmdump_add_i64(w, name, 1, shape, step)) return -1;
+    snprintf(name, sizeof name, "iter%lld.num_tokens", (long long)it->iterations);
+    if (llmdump_add_i64(w, name, 1, shape, num_tokens)) return -1;
+  }
+  it->iterations++;
+  return 0;
 }
 
 int llmdump_gather_paged_f32(const float* pool, int64_t blocks, int64_t block_size, int64_t heads, int64_t dh,

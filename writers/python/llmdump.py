@@ -25,7 +25,7 @@ import numpy as np
 
 FORMAT = "llm-dump/1"
 __all__ = ["DumpWriter", "DumpError", "step_name", "layer_name", "seq_name", "head_major", "strip_padding",
-           "gather_paged",
+           "gather_paged", "split_rows", "Iterations",
            "bf16_to_f32", "f16_to_f32", "FORMAT"]
 
 _counter = itertools.count()
@@ -72,6 +72,64 @@ def strip_padding(x, pad, axis=0, length=None):
     if pad < 0 or end > x.shape[axis]:
         raise DumpError("strip_padding: rows [%d, %d) of an axis of %d" % (pad, end, x.shape[axis]))
     return np.ascontiguousarray(np.take(x, np.arange(pad, end), axis=axis))
+
+
+def split_rows(x, cu_seqlens, what="tensor"):
+    """A packed batch's rows [R, ...] per sequence: [x[cu[0]:cu[1]], x[cu[1]:cu[2]], ...] for
+    cumulative row counts cu_seqlens [n + 1] (vLLM's query_start_loc, FlashAttention's
+    cu_seqlens_q). Rows from cu[-1] on (padding) are dropped; fewer rows than cu[-1] is an
+    error naming `what`. Works on numpy arrays and anything sliceable by rows."""
+    cu = [int(c) for c in np.asarray(cu_seqlens).reshape(-1)]
+    if not cu or cu[0] != 0 or any(b < a for a, b in zip(cu, cu[1:])):
+        raise DumpError("split_rows: %s: cu_seqlens %s must start at 0 and never decrease" % (what, cu))
+    rows = len(x)
+    if rows < cu[-1]:
+        raise DumpError("split_rows: %s has %d rows, but cu_seqlens ends at %d" % (what, rows, cu[-1]))
+    return [x[a:b] for a, b in zip(cu, cu[1:])]
+
+
+class Iterations:
+    """Numbers a serving engine's forward calls as the format does ("Several sequences"):
+    each engine sequence id gets b = 0, 1, ... in the order it first appears, each of its
+    calls its own step n, each call an iteration N.
+
+        it = llmdump.Iterations()
+        members, names = it.call(seq_ids=[7, 3], num_tokens=[4, 1])   # [(b, n), ...] in row order
+        for name, array in names: w.add(name, array)                    # iter{N}.seqs/seq_steps/num_tokens
+    """
+
+    def __init__(self):
+        self.index = {}   # engine sequence id -> b
+        self.steps = []   # per b: its calls so far
+        self.count = 0    # calls so far
+
+    def seq(self, seq_id):
+        """b of an engine sequence id already seen (DumpError when not)."""
+        if seq_id not in self.index:
+            raise DumpError("Iterations: sequence id %r was in no forward call" % (seq_id,))
+        return self.index[seq_id]
+
+    def call(self, seq_ids, num_tokens):
+        ids = [s.item() if hasattr(s, "item") else s for s in seq_ids]
+        counts = [int(t) for t in num_tokens]
+        if len(ids) != len(counts):
+            raise DumpError("Iterations: call %d names %d sequences but %d token counts" % (self.count, len(ids), len(counts)))
+        if len(set(ids)) != len(ids):
+            raise DumpError("Iterations: call %d has a sequence id twice: %s" % (self.count, ids))
+        members = []
+        for s in ids:
+            if s not in self.index:
+                self.index[s] = len(self.steps)
+                self.steps.append(0)
+            b = self.index[s]
+            members.append((b, self.steps[b]))
+            self.steps[b] += 1
+        pre = "iter%d." % self.count
+        names = [(pre + "seqs", np.array([b for b, _ in members], np.int64)),
+                 (pre + "seq_steps", np.array([n for _, n in members], np.int64)),
+                 (pre + "num_tokens", np.array(counts, np.int64))]
+        self.count += 1
+        return members, names
 
 
 def gather_paged(pool, block_table, length, layout="block,slot,head,dim"):
@@ -166,7 +224,7 @@ class DumpWriter:
         if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)):
             raise DumpError("manifest 'steps' must be an int, got %r" % (steps,))
         meta["steps"] = str(int(steps))
-        self._meta = sorted(meta.items(), key=lambda kv: kv[0].encode("utf-8"))
+        self._sort_meta(meta)
         self._tensors = []  # (name, stored dtype, shape, begin, end)
         self._names = set()
         self._offset = 0
@@ -176,6 +234,27 @@ class DumpWriter:
         self._data_tmp = stem + ".data"
         self._final_tmp = stem
         self._data = open(self._data_tmp, "w+b")
+
+    def _sort_meta(self, meta):
+        self._meta = sorted(meta.items(), key=lambda kv: kv[0].encode("utf-8"))
+
+    def manifest(self, key):
+        """The manifest value of `key` ("" when absent)."""
+        return dict(self._meta).get(key, "")
+
+    def set_manifest(self, key, value):
+        """Sets one manifest key before finish() (e.g. `steps` or `kv_cache`, known only
+        once the run is over); `steps` takes an int."""
+        if self._finished:
+            raise DumpError("llmdump: %s: manifest key %r set after finish()" % (self.path, key))
+        if key == "steps":
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise DumpError("manifest 'steps' must be an int, got %r" % (value,))
+            value = str(int(value))
+        _utf8(key, "metadata key"), _utf8(value, "manifest %r" % key)
+        meta = dict(self._meta)
+        meta[key] = value
+        self._sort_meta(meta)
 
     def __enter__(self):
         return self

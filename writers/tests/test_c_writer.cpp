@@ -288,6 +288,69 @@ void test_batch_helpers(const std::string& golden) {
   }
 }
 
+// The per-sequence helpers on HF's golden batch (batch.safetensors beside the
+// first golden dump): each iteration's embed rows packed as a serving engine
+// holds them (two padding rows after them) and split back by cu_seqlens; the
+// iterations numbered from engine ids are HF's iter{N} tensors.
+void test_packed_helpers(const std::string& dir, const std::string& golden) {
+  const std::string batch = golden.substr(0, golden.rfind('/') + 1) + "batch.safetensors";
+  const llmdiff::DumpFile g(batch);
+  const std::string path = dir + "/iterations.safetensors";
+  llmdump_manifest m{};
+  char err[256];
+  llmdump_writer* w = llmdump_open(path.c_str(), &m, err, sizeof err);
+  CHECK(w, err);
+  llmdump_iterations it;
+  llmdump_iterations_init(&it);
+  int N = 0;
+  for (; g.has("iter" + std::to_string(N) + ".seqs"); ++N) {
+    const std::string pre = "iter" + std::to_string(N) + ".";
+    const std::vector<int64_t> seqs = g.get(pre + "seqs").i, steps = g.get(pre + "seq_steps").i,
+                               tokens = g.get(pre + "num_tokens").i;
+    const int64_t n = int64_t(seqs.size());
+    std::vector<llmdiff::TensorData> rows;
+    std::vector<int64_t> cu{0}, ids;
+    std::vector<float> packed;
+    for (int64_t j = 0; j < n; ++j) {
+      rows.push_back(g.get("seq" + std::to_string(seqs[size_t(j)]) + ".step" + std::to_string(steps[size_t(j)]) + ".embed"));
+      packed.insert(packed.end(), rows.back().f.begin(), rows.back().f.end());
+      cu.push_back(cu.back() + rows.back().shape[0]);
+      ids.push_back(1000 - 7 * seqs[size_t(j)]);  // the engine's own ids
+    }
+    const int64_t D = rows[0].shape[1], R = cu.back() + 2;
+    packed.resize(size_t(R * D), -7.f);
+    for (int64_t j = 0; j < n; ++j) {
+      std::vector<float> out(rows[size_t(j)].f.size(), 0.f);
+      CHECK(llmdump_split_rows(packed.data(), size_t(D) * sizeof(float), R, cu.data(), n, j, out.data()) ==
+                    rows[size_t(j)].shape[0] && out == rows[size_t(j)].f,
+            "split_rows does not give back " << pre << " member " << j);
+    }
+    std::vector<int64_t> b(static_cast<size_t>(n)), step(static_cast<size_t>(n));
+    CHECK(llmdump_iterations_call(&it, w, ids.data(), tokens.data(), n, b.data(), step.data()) == 0, llmdump_error(w));
+    CHECK(b == seqs && step == steps, "iterations numbering differs from HF's " << pre << "seqs/seq_steps");
+    CHECK(llmdump_iterations_seq(&it, ids[0]) == seqs[0], "iterations_seq");
+  }
+  CHECK(N >= 2, "the golden batch has " << N << " iterations");
+  const int64_t cu_bad[3][3] = {{1, 2, 3}, {0, 3, 2}, {0, 2, 9}};
+  float row[8] = {0}, out[64];
+  for (const auto& cu : cu_bad)
+    CHECK(llmdump_split_rows(row, 4, 8, cu, 2, 0, out) == -1, "split_rows accepted cu_seqlens " << cu[0] << "," << cu[1] << "," << cu[2]);
+  const int64_t cu_ok[3] = {0, 2, 3};
+  CHECK(llmdump_split_rows(row, 4, 8, cu_ok, 2, 2, out) == -1, "split_rows accepted sequence 2 of 2");
+  const int64_t twice[2] = {5, 5}, ones[2] = {1, 1};
+  int64_t b2[2], s2[2];
+  CHECK(llmdump_iterations_call(&it, nullptr, twice, ones, 2, b2, s2) == -1, "iterations accepted an id twice");
+  CHECK(llmdump_finish(w) == 0, llmdump_error(w));
+  llmdump_free(w);
+  llmdump_iterations_free(&it);
+  const llmdiff::DumpFile back(path);
+  for (int k = 0; k < N; ++k)
+    for (const char* what : {"seqs", "seq_steps", "num_tokens"}) {
+      const std::string name = "iter" + std::to_string(k) + "." + what;
+      CHECK(back.has(name) && back.get(name).i == g.get(name).i, "written " << name << " differs from the golden's");
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -304,6 +367,7 @@ int main(int argc, char** argv) {
     test_malformed(dir);
     test_atomic(dir);
     if (argc > 2) test_batch_helpers(argv[2]);
+    if (argc > 2) test_packed_helpers(dir, argv[2]);
   } catch (const std::exception& e) {
     std::cerr << "exception: " << e.what() << "\n";
     return 1;

@@ -444,6 +444,100 @@ func TakeRows(src []float32, outer, n, inner, first, count int) []float32 {
 	return dst
 }
 
+// SplitRows splits a packed batch (a serving engine's [rows, inner] tensor over
+// every sequence of one forward call) per sequence by cuSeqlens [n+1] (vLLM's
+// query_start_loc, FlashAttention's cu_seqlens_q): sequence i's rows are
+// [cu[i], cu[i+1]), views of src. Rows from cu[n] on (padding) belong to none.
+// An error when cuSeqlens does not start at 0, decreases or ends past the rows.
+func SplitRows[T any](src []T, inner int, cuSeqlens []int64) ([][]T, error) {
+	rows := 0
+	if inner > 0 {
+		rows = len(src) / inner
+	}
+	if len(cuSeqlens) == 0 || cuSeqlens[0] != 0 || cuSeqlens[len(cuSeqlens)-1] > int64(rows) {
+		return nil, fmt.Errorf("llmdump: SplitRows: cu_seqlens %v must start at 0 and end at most at the %d rows",
+			cuSeqlens, rows)
+	}
+	out := make([][]T, 0, len(cuSeqlens)-1)
+	for i := 0; i+1 < len(cuSeqlens); i++ {
+		a, b := int(cuSeqlens[i]), int(cuSeqlens[i+1])
+		if b < a {
+			return nil, fmt.Errorf("llmdump: SplitRows: cu_seqlens %v decreases at %d", cuSeqlens, i+1)
+		}
+		out = append(out, src[a*inner:b*inner])
+	}
+	return out, nil
+}
+
+// Member is one sequence of an engine forward call: its number b in the dump
+// (seq{b}.) and its step there (step{n}.).
+type Member struct{ Seq, Step int }
+
+// Iterations numbers a serving engine's forward calls as the format does
+// (docs/DUMP_FORMAT.md, "Several sequences"): each engine sequence id gets
+// b = 0, 1, ... in the order it first appears, each of its calls its own step,
+// each call an iteration N. The zero value is ready to use.
+type Iterations struct {
+	index map[int64]int
+	steps []int
+	Count int // forward calls so far
+}
+
+// Seq is b of an engine sequence id already seen.
+func (it *Iterations) Seq(id int64) (int, bool) {
+	b, ok := it.index[id]
+	return b, ok
+}
+
+// Call numbers one forward call over the engine's sequence ids (row order) and
+// their token counts, and, when w is not nil, adds iter{N}.seqs,
+// iter{N}.seq_steps and iter{N}.num_tokens to it. An error when an id is there
+// twice or the counts do not match the ids (nothing numbered), or when w
+// refuses a tensor.
+func (it *Iterations) Call(w *Writer, seqIDs, numTokens []int64) ([]Member, error) {
+	if len(seqIDs) != len(numTokens) {
+		return nil, fmt.Errorf("llmdump: Iterations: call %d has %d sequence ids but %d token counts", it.Count,
+			len(seqIDs), len(numTokens))
+	}
+	seen := map[int64]bool{}
+	for _, id := range seqIDs {
+		if seen[id] {
+			return nil, fmt.Errorf("llmdump: Iterations: call %d has sequence id %d twice", it.Count, id)
+		}
+		seen[id] = true
+	}
+	if it.index == nil {
+		it.index = map[int64]int{}
+	}
+	members := make([]Member, len(seqIDs))
+	seqs, steps := make([]int64, len(seqIDs)), make([]int64, len(seqIDs))
+	for j, id := range seqIDs {
+		b, ok := it.index[id]
+		if !ok {
+			b = len(it.steps)
+			it.index[id] = b
+			it.steps = append(it.steps, 0)
+		}
+		members[j] = Member{b, it.steps[b]}
+		seqs[j], steps[j] = int64(b), int64(it.steps[b])
+		it.steps[b]++
+	}
+	n := it.Count
+	it.Count++
+	if w != nil {
+		shape := []int64{int64(len(seqIDs))}
+		for _, t := range []struct {
+			name string
+			data []int64
+		}{{"seqs", seqs}, {"seq_steps", steps}, {"num_tokens", numTokens}} {
+			if err := w.AddI64(fmt.Sprintf("iter%d.%s", n, t.name), shape, t.data); err != nil {
+				return members, err
+			}
+		}
+	}
+	return members, nil
+}
+
 // GatherPaged turns a paged KV pool into one sequence's logical cache
 // [heads, length, dh]: position s lives in block blockTable[s/blockSize], slot
 // s%blockSize. The pool is [blocks, blockSize, heads, dh] (slotMajor) or

@@ -340,3 +340,94 @@ func TestBatchHelpers(t *testing.T) {
 		}
 	}
 }
+
+// The per-sequence helpers on HF's golden batch (batch.safetensors beside the
+// first golden dump): each iteration's embed rows packed as a serving engine
+// holds them (two padding rows after them) and split back; the iterations
+// numbered from engine ids are HF's iter{N} tensors.
+func TestPackedHelpers(t *testing.T) {
+	pairs := strings.Split(os.Getenv("LLMDUMP_PAIRS"), ",")
+	if len(pairs) < 2 {
+		t.Fatal("LLMDUMP_PAIRS is not set (CTest sets it)")
+	}
+	_, entries := readSafetensors(t, filepath.Join(filepath.Dir(pairs[0]), "batch.safetensors"))
+	golden := map[string]entry{}
+	for _, e := range entries {
+		golden[e.name] = e
+	}
+	ints := func(e entry) []int64 {
+		out := make([]int64, len(e.data)/8)
+		for i := range out {
+			out[i] = int64(binary.LittleEndian.Uint64(e.data[8*i:]))
+		}
+		return out
+	}
+	path := filepath.Join(workDir(t), "iterations.safetensors")
+	w, err := Create(path, Manifest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var it Iterations
+	N := 0
+	for ; ; N++ {
+		pre := fmt.Sprintf("iter%d.", N)
+		e, ok := golden[pre+"seqs"]
+		if !ok {
+			break
+		}
+		seqs, steps, tokens := ints(e), ints(golden[pre+"seq_steps"]), ints(golden[pre+"num_tokens"])
+		var packed []float32
+		cu, ids := []int64{0}, []int64{}
+		var want [][]float32
+		D := 0
+		for j := range seqs {
+			emb := golden[fmt.Sprintf("seq%d.step%d.embed", seqs[j], steps[j])]
+			D = int(emb.shape[1])
+			rows := make([]float32, len(emb.data)/4)
+			for i := range rows {
+				rows[i] = math.Float32frombits(binary.LittleEndian.Uint32(emb.data[4*i:]))
+			}
+			want = append(want, rows)
+			packed = append(packed, rows...)
+			cu = append(cu, cu[len(cu)-1]+emb.shape[0])
+			ids = append(ids, 1000-7*seqs[j])
+		}
+		packed = append(packed, make([]float32, 2*D)...)
+		got, err := SplitRows(packed, D, cu)
+		if err != nil || !reflect.DeepEqual(got, want) {
+			t.Errorf("SplitRows does not give back %s's members: %v", pre, err)
+		}
+		members, err := it.Call(w, ids, tokens)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j, m := range members {
+			if int64(m.Seq) != seqs[j] || int64(m.Step) != steps[j] {
+				t.Errorf("%s member %d numbered %v, HF's is seq%d step %d", pre, j, m, seqs[j], steps[j])
+			}
+		}
+	}
+	if N < 2 {
+		t.Fatalf("the golden batch has %d iterations", N)
+	}
+	for _, cu := range [][]int64{{1, 2, 3}, {0, 3, 2}, {0, 2, 9}} {
+		if _, err := SplitRows(make([]float32, 8), 1, cu); err == nil {
+			t.Errorf("SplitRows accepted cu_seqlens %v", cu)
+		}
+	}
+	if _, err := it.Call(nil, []int64{5, 5}, []int64{1, 1}); err == nil {
+		t.Error("Iterations accepted an id twice")
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_, written := readSafetensors(t, path)
+	if len(written) != 3*N {
+		t.Fatalf("%d iteration tensors written, expected %d", len(written), 3*N)
+	}
+	for _, e := range written {
+		if !reflect.DeepEqual(e.data, golden[e.name].data) || !reflect.DeepEqual(e.shape, golden[e.name].shape) {
+			t.Errorf("written %s differs from the golden's", e.name)
+		}
+	}
+}

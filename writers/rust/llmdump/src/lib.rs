@@ -387,6 +387,89 @@ pub fn take_rows<T: Copy>(src: &[T], outer: usize, n: usize, inner: usize, first
     dst
 }
 
+/// A packed batch (a serving engine's [rows, inner] tensor over every sequence
+/// of one forward call) split per sequence by cu_seqlens [n + 1] (vLLM's
+/// query_start_loc, FlashAttention's cu_seqlens_q): sequence i's rows are
+/// [cu[i], cu[i+1]), slices of src. Rows from cu[n] on (padding) belong to
+/// none. Err when cu_seqlens does not start at 0, decreases or ends past the rows.
+pub fn split_rows<'a, T>(src: &'a [T], inner: usize, cu_seqlens: &[i64]) -> Result<Vec<&'a [T]>, String> {
+    let rows = if inner > 0 { src.len() / inner } else { 0 };
+    if cu_seqlens.first() != Some(&0) || *cu_seqlens.last().unwrap() > rows as i64 {
+        return Err(format!("split_rows: cu_seqlens {:?} must start at 0 and end at most at the {} rows", cu_seqlens, rows));
+    }
+    let mut out = Vec::with_capacity(cu_seqlens.len() - 1);
+    for (i, w) in cu_seqlens.windows(2).enumerate() {
+        if w[1] < w[0] {
+            return Err(format!("split_rows: cu_seqlens {:?} decreases at {}", cu_seqlens, i + 1));
+        }
+        out.push(&src[w[0] as usize * inner..w[1] as usize * inner]);
+    }
+    Ok(out)
+}
+
+/// Numbers a serving engine's forward calls as the format does
+/// (docs/DUMP_FORMAT.md, "Several sequences"): each engine sequence id gets
+/// b = 0, 1, ... in the order it first appears, each of its calls its own
+/// step, each call an iteration N.
+#[derive(Default)]
+pub struct Iterations {
+    index: BTreeMap<i64, usize>,
+    steps: Vec<usize>,
+    /// Forward calls so far.
+    pub count: usize,
+}
+
+impl Iterations {
+    pub fn new() -> Iterations {
+        Iterations::default()
+    }
+
+    /// b of an engine sequence id already seen.
+    pub fn seq(&self, id: i64) -> Option<usize> {
+        self.index.get(&id).copied()
+    }
+
+    /// Numbers one forward call over the engine's sequence ids (row order) and
+    /// their token counts: (b, step) of each; with a writer, adds
+    /// iter{N}.seqs, iter{N}.seq_steps and iter{N}.num_tokens to it. Err when
+    /// an id is there twice or the counts do not match the ids (nothing
+    /// numbered), or when the writer refuses a tensor.
+    pub fn call(&mut self, w: Option<&mut Writer>, seq_ids: &[i64], num_tokens: &[i64]) -> Result<Vec<(usize, usize)>, String> {
+        if seq_ids.len() != num_tokens.len() {
+            return Err(format!("Iterations: call {} has {} sequence ids but {} token counts", self.count, seq_ids.len(), num_tokens.len()));
+        }
+        for (j, id) in seq_ids.iter().enumerate() {
+            if seq_ids[..j].contains(id) {
+                return Err(format!("Iterations: call {} has sequence id {} twice", self.count, id));
+            }
+        }
+        let mut members = Vec::with_capacity(seq_ids.len());
+        for id in seq_ids {
+            let b = match self.index.get(id) {
+                Some(&b) => b,
+                None => {
+                    self.steps.push(0);
+                    self.index.insert(*id, self.steps.len() - 1);
+                    self.steps.len() - 1
+                }
+            };
+            members.push((b, self.steps[b]));
+            self.steps[b] += 1;
+        }
+        let n = self.count;
+        self.count += 1;
+        if let Some(w) = w {
+            let shape = [seq_ids.len() as i64];
+            let seqs: Vec<i64> = members.iter().map(|m| m.0 as i64).collect();
+            let steps: Vec<i64> = members.iter().map(|m| m.1 as i64).collect();
+            for (what, data) in [("seqs", &seqs[..]), ("seq_steps", &steps[..]), ("num_tokens", num_tokens)] {
+                w.add_i64(&format!("iter{}.{}", n, what), &shape, data).map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(members)
+    }
+}
+
 /// A paged KV pool as one sequence's logical cache [heads, length, dh]:
 /// position s lives in block block_table[s / block_size], slot s % block_size.
 /// The pool is [blocks, block_size, heads, dh] (slot_major) or

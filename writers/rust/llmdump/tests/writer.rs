@@ -353,3 +353,61 @@ fn batch_helpers() {
         assert!(gather_paged(&pool, blocks, bs, h, dh, slot_major, &table[..used - 1], s).is_err());
     }
 }
+
+// The per-sequence helpers on HF's golden batch (batch.safetensors beside the
+// first golden dump): each iteration's embed rows packed as a serving engine
+// holds them (two padding rows after them) and split back; the iterations
+// numbered from engine ids are HF's iter{N} tensors.
+#[test]
+fn packed_helpers() {
+    let pairs = match std::env::var("LLMDUMP_PAIRS") {
+        Ok(p) if !p.is_empty() => p,
+        _ => {
+            eprintln!("LLMDUMP_PAIRS not set (run through CTest): skipped");
+            return;
+        }
+    };
+    let first = PathBuf::from(pairs.split(',').next().unwrap());
+    let (_, tensors) = read_safetensors(first.with_file_name("batch.safetensors").to_str().unwrap());
+    let golden: BTreeMap<String, &Entry> = tensors.iter().map(|e| (e.name.clone(), e)).collect();
+    let ints = |e: &Entry| -> Vec<i64> { e.data.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect() };
+    let path = work_dir("packed").join("iterations.safetensors");
+    let mut w = Writer::create(path.to_str().unwrap(), &Manifest::default()).unwrap();
+    let mut it = Iterations::new();
+    let mut n_iter = 0;
+    while let Some(e) = golden.get(&format!("iter{}.seqs", n_iter)) {
+        let pre = format!("iter{}.", n_iter);
+        let (seqs, steps, tokens) = (ints(e), ints(golden[&(pre.clone() + "seq_steps")]), ints(golden[&(pre.clone() + "num_tokens")]));
+        let (mut packed, mut cu, mut ids, mut want) = (Vec::new(), vec![0i64], Vec::new(), Vec::new());
+        let mut d = 0;
+        for j in 0..seqs.len() {
+            let emb = golden[&format!("seq{}.step{}.embed", seqs[j], steps[j])];
+            d = emb.shape[1] as usize;
+            let rows: Vec<f32> = emb.data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+            packed.extend_from_slice(&rows);
+            want.push(rows);
+            cu.push(cu.last().unwrap() + emb.shape[0]);
+            ids.push(1000 - 7 * seqs[j]);
+        }
+        packed.extend(std::iter::repeat(0f32).take(2 * d));
+        let got = split_rows(&packed, d, &cu).unwrap();
+        assert!(got.iter().zip(&want).all(|(g, w)| *g == &w[..]) && got.len() == want.len(), "split_rows does not give back {}'s members", pre);
+        let members = it.call(Some(&mut w), &ids, &tokens).unwrap();
+        for (j, m) in members.iter().enumerate() {
+            assert_eq!((m.0 as i64, m.1 as i64), (seqs[j], steps[j]), "{} member {}", pre, j);
+        }
+        n_iter += 1;
+    }
+    assert!(n_iter >= 2, "the golden batch has {} iterations", n_iter);
+    for cu in [[1i64, 2, 3], [0, 3, 2], [0, 2, 9]] {
+        assert!(split_rows(&[0f32; 8], 1, &cu).is_err(), "split_rows accepted cu_seqlens {:?}", cu);
+    }
+    assert!(it.call(None, &[5, 5], &[1, 1]).is_err(), "Iterations accepted an id twice");
+    w.finish().unwrap();
+    let (_, written) = read_safetensors(path.to_str().unwrap());
+    assert_eq!(written.len(), 3 * n_iter);
+    for e in &written {
+        let g = golden[&e.name];
+        assert!(e.data == g.data && e.shape == g.shape, "written {} differs from the golden's", e.name);
+    }
+}
