@@ -186,8 +186,8 @@ int RefRunner::threads() const { return resolve_threads(threads_); }
 
 // Two passes beside each other hold two layers' converted weights and read
 // two parts of the checkpoint at once: worth it for layers of at most 1 GiB
-// in float64 (TinyLlama's 0.4 GB: 33 s -> 29 s for the bisect), not beyond
-// (8B's 1.75 GB layers: no faster, and the peak RSS from 3.4 to 6.0 GB).
+// in float64, where they run faster; beyond, the two layers cost memory and
+// no time (docs/PERFORMANCE.md has the figures).
 std::unique_ptr<ReferenceRunner> RefRunner::with_threads(int threads) const {
   if (weight_budget(*model_.weights, ComputeDType::Float64) > (int64_t(1) << 30)) return nullptr;
   return std::make_unique<RefRunner>(model_, dir_, threads);

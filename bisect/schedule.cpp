@@ -84,9 +84,9 @@ Passes run_passes(const TensorSource& cand, const BisectResult& r, const std::ve
   };
   if (clean_part && truth_part) {
     // Four passes in two lanes: the clean run then the truth, beside the
-    // reference at the candidate's dtype then the local recompute (alone on
-    // one thread, TinyLlama: 8.0 + 8.1 s beside 4.5 + 8.9 s). In pairs, the
-    // reference's thread waited for the clean run: 18.1 s -> 17.1 s.
+    // reference at the candidate's dtype then the local recompute, so that
+    // the lanes' work is about even (paired otherwise, the reference's thread
+    // would wait for the clean run; docs/PERFORMANCE.md has the figures).
     beside(
         [&] {
           p.ref = ref_part->run(r.scenario, r.dtype, wanted);

@@ -1,7 +1,7 @@
 // What attention reads, as the canonical names show it: the causal mask of
 // one call and views of a token-major KV cache (head-major, after
-// repeat_kv, a ring's slots). Shared by the single-sequence forward
-// (impl/model.cpp) and the continuous-batching engine (impl/batch_engine.cpp).
+// repeat_kv, a ring's slots), for the forward (impl/forward.cpp) and the
+// KV stores (impl/kv_store.cpp).
 #pragma once
 #include <cstdint>
 #include <vector>

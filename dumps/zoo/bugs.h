@@ -7,7 +7,7 @@
 // --inject, the reference's variant runs and the diagnosis all read it here.
 //
 // Adding a bug: one entry below; for an op-level bug also its Faults flag and
-// the op it changes in impl/model.cpp and ref/graph.cpp (two independent
+// the op it changes in impl/forward.cpp and ref/graph.cpp (two independent
 // engines compute it each their own way).
 //
 // Batch bugs (BatchFaults) act only in the continuous-batching engine
@@ -15,6 +15,11 @@
 // paged KV cache. A single-sequence reference cannot run them, so the
 // model-level loops skip them too; the diagnosis names them by their
 // fingerprints (positions, probabilities, the paged cache's bookkeeping).
+//
+// Serving features' bugs (BatchFaults with a Feature: the prefix cache,
+// speculative decoding, bucket padding) act only when the engine runs the
+// feature (docs/SERVING.md); bisect names them by cross-sequence cache
+// checks, speculative fingerprints and the batch replay with the feature on.
 //
 // Tensor-parallel bugs (TpFaults) act between the ranks of a tensor-parallel
 // run (impl/tensor_parallel.h, `--tp R`, R > 1): the all-reduce of the
