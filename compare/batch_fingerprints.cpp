@@ -7,6 +7,7 @@
 #include "compare/serving_fingerprints.h"
 #include "compare/signature_finders.h"
 #include "dumps/contract/names.h"
+#include "dumps/contract/sequences.h"
 #include "dumps/contract/sites.h"
 #include "dumps/zoo/bugs.h"
 
@@ -22,6 +23,9 @@ std::string named(zoo::Signature s) { return zoo::bug_with_signature(s).name; }
 
 void batch_positions_shifted(const FingerprintScene& scene, std::vector<Fingerprint>& out) {
   const TensorSource& cand = scene.cand;
+  // Only a sequence of several run together: one sequence alone shifted is
+  // no batching bug (its shift is said by the positions' signature).
+  if (!dynamic_cast<const SequenceView*>(&cand)) return;
   const std::vector<int64_t>& past = scene.past;
   for (int s = 0; s < int(past.size()); ++s) {
     const std::string name = step_name(s, Site::Positions);

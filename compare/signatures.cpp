@@ -9,6 +9,7 @@
 #include "compare/noise_floor.h"
 #include "dumps/base/dtype.h"
 #include "dumps/contract/names.h"
+#include "dumps/contract/sites.h"
 
 namespace llmdiff::compare {
 
@@ -98,11 +99,36 @@ double scaled_rmse(const float* a, const float* b, int64_t n, double k) {
   return n > 0 ? std::sqrt(s / double(n)) : 0.0;
 }
 
+namespace {
+
+// Positions (an integer site) all off by the same k: what an engine that
+// counts them from another start computes (the batch's packed start, a
+// prefix it does not hold, a rollback it forgot); a shift, named with k.
+std::vector<ErrorSignature> integer_signatures(const std::string& name, const TensorData& c, const TensorData& r) {
+  if (parse_name(name).site != site_name(Site::Positions) || c.i.empty() || c.i.size() != r.i.size()) return {};
+  const int64_t k = c.i[0] - r.i[0];
+  for (size_t t = 0; t < c.i.size(); ++t)
+    if (c.i[t] - r.i[t] != k) return {};
+  if (k == 0) return {};
+  ErrorSignature s;
+  s.name = name;
+  s.kind = "shift";
+  s.detail = "positions start at " + std::to_string(c.i[0]) + " where the sequence's start at " +
+             std::to_string(r.i[0]) + ": every position " + (k > 0 ? "+" : "") + std::to_string(k) +
+             " (counted from another start than the sequence's own first token)";
+  s.fit = 0;
+  s.decisive = true;
+  return {s};
+}
+
+}  // namespace
+
 std::vector<ErrorSignature> error_signatures(const std::string& name, const TensorSource& cand,
                                              const TensorSource& ref, const std::optional<ModelConfig>& cfg,
                                              const LocalOracle* oracle) {
   if (!cand.has(name) || !ref.has(name)) return {};
   const TensorData c = cand.get(name), r = ref.get(name);
+  if (c.is_int && r.is_int) return integer_signatures(name, c, r);
   if (c.is_int || r.is_int || c.f.empty() || r.f.empty()) return {};
   Found found;
   found.name = name;

@@ -5,11 +5,9 @@
 //  - the manifest's config (when the dump carries one) describes the same
 //    architecture as the model's config.json: a dump of another model;
 //  - every step's tokens lie inside the vocabulary;
-//  - no layer index beyond the model's layers;
-//  - the forward calls are in order: when every step's positions together
-//    are each position once but a step's come before an earlier step's,
-//    the steps were numbered out of order. (Positions that restart or skip
-//    are an engine's bug, judged by the bisection, not an error here.)
+//  - no layer index beyond the model's layers.
+// Positions (restarting, skipping, shifted, out of order) are what an engine
+// computed: the bisection judges them, never an error here.
 //
 // Shapes that differ from the spec's are left to the comparison: a cache
 // of another length or a tensor in the engine's own layout is a finding.
