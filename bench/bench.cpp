@@ -140,6 +140,10 @@ std::string bench_engine(const BenchOptions& o, const std::string& engine_name, 
   if (engine_name == "impl") eo.mla = o.mla;
   eo.threads = o.threads;
   eo.max_seq = int64_t(o.prompt) + o.decode + 1;
+  // The impl as `dump` builds it: the checkpoint resident when it fits the
+  // memory budget, else streamed layer by layer.
+  const bisect::WeightPolicy policy = bisect::weight_policy(model, 0);
+  if (engine_name == "impl") eo.release_weights = policy.stream;
   const std::unique_ptr<Engine> engine = make_engine(engine_name, model, eo);
   const double load_s = seconds_since(t_load);
   const std::vector<int64_t> prompt = bench_prompt(model.config.vocab_size, o.prompt, o.seed);
@@ -163,6 +167,7 @@ std::string bench_engine(const BenchOptions& o, const std::string& engine_name, 
   return json{{"engine", engine_name},
               {"pid", int64_t(::getpid())},
               {"producer", engine->producer()},
+              {"weights", engine_name == "impl" ? policy.str() : "converted once, kept"},
               {"dtype", engine->dtype_name()},
               {"load_s", load_s},
               {"prefill_tok_s", prefill_tok_s},
@@ -332,7 +337,7 @@ std::string bench_run_pipeline(const BenchOptions& o, const std::vector<std::str
   EngineOptions eo;
   eo.threads = o.threads;
   eo.max_seq = int64_t(o.prompt) + o.e2e_decode + 1;
-  eo.release_weights = true;
+  eo.release_weights = bisect::weight_policy(m.model, 0).stream;  // as `run` holds the checkpoint
   eo.mla = o.mla;
   double plain_s = 0;
   {
@@ -407,6 +412,10 @@ void print_engine_table(const json& rows) {
   std::printf("bound: weight bytes one decode token reads (as the engine holds them) / the read bandwidth probed "
               "just before and after that engine (best of the two); GFLOP/s counts matmuls, causal attention and "
               "last-row logits.\n");
+  for (const json& row : rows)
+    if (row.contains("weights") && row.contains("engine"))
+      std::printf("%s weights: %s (as `llmdiff dump` holds them)\n", row["engine"].get<std::string>().c_str(),
+                  row["weights"].get<std::string>().c_str());
   if (rows.size() == 2 && !rows[0].contains("error") && !rows[1].contains("error")) {
     const auto a = rows[0]["generated"].get<std::vector<int64_t>>(), b = rows[1]["generated"].get<std::vector<int64_t>>();
     size_t same = 0;

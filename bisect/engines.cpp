@@ -1,12 +1,31 @@
 #include "bisect/engines.h"
 
-#include "dumps/zoo/bugs.h"
+#include <cstdio>
+
 #include "dumps/base/errors.h"
+#include "dumps/base/memory.h"
+#include "dumps/zoo/bugs.h"
 #include "dumps/contract/padding.h"
 #include "impl/impl_engine.h"
 #include "ref/ref_engine.h"
 
 namespace llmdiff::bisect {
+
+WeightPolicy weight_policy(const Model& model, int64_t budget) {
+  WeightPolicy p;
+  p.checkpoint_bytes = model.weights ? int64_t(model.weights->total_bytes()) : 0;
+  p.budget_bytes = budget > 0 ? budget : default_memory_budget();
+  p.stream = p.checkpoint_bytes > p.budget_bytes;
+  return p;
+}
+
+std::string WeightPolicy::str() const {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%s (%.2f GB checkpoint %s a %.2f GB budget)",
+                stream ? "streamed layer by layer" : "resident", double(checkpoint_bytes) * 1e-9,
+                stream ? "beyond" : "within", double(budget_bytes) * 1e-9);
+  return buf;
+}
 
 std::unique_ptr<Engine> make_engine(const std::string& which, const Model& model, const EngineOptions& opt) {
   if (which == "ref") {

@@ -24,6 +24,17 @@ struct EngineOptions {
   int tensor_parallel = 1;           // impl: ImplOptions::tensor_parallel (ranks; 1 = none)
 };
 
+// Whether the impl keeps a checkpoint's pages resident or streams them
+// layer by layer (ImplOptions::release_weights): resident when it fits the
+// budget (`budget` <= 0: default_memory_budget(), half the memory available
+// now), which `dump` and `bench` decide alike.
+struct WeightPolicy {
+  bool stream = false;
+  int64_t checkpoint_bytes = 0, budget_bytes = 0;
+  std::string str() const;  // "resident (2.20 GB checkpoint within a 11.50 GB budget)"
+};
+WeightPolicy weight_policy(const Model& model, int64_t budget);
+
 // "ref" or "impl"; throws UsageError otherwise (or for bugs given to the ref).
 std::unique_ptr<Engine> make_engine(const std::string& which, const Model& model, const EngineOptions& opt);
 

@@ -238,7 +238,7 @@ std::unique_ptr<MemoryDump> ImplHypothesisRunner::run(const compare::Hypothesis&
                                                       const std::vector<std::string>& wanted) const {
   impl::ImplOptions o;
   o.threads = threads_;
-  o.release_weights = true;  // about one layer of the checkpoint resident, not all of it
+  o.release_weights = weight_policy(model_, 0).stream;  // as `dump` holds the checkpoint
   o.precision = precision_;
   if (!h.bug.empty()) {
     zoo::BugSpec spec = zoo::parse_bug(h.bug);
@@ -258,7 +258,7 @@ std::unique_ptr<MemoryDump> ImplHypothesisRunner::run(const compare::Hypothesis&
     // Every wanted name is there: the rest of the scenario is skipped, and
     // the pages of the layer it stopped in are handed back as the forward
     // call would have.
-    model_.weights->release_all();
+    if (o.release_weights) model_.weights->release_all();
   }
   return dump;
 }
@@ -469,7 +469,7 @@ std::unique_ptr<MemoryDump> run_impl_candidate(const ModelOracles& m, const Scen
   auto cand = std::make_unique<MemoryDump>(label);
   cand->spill();
   EngineOptions o = eo;
-  o.release_weights = true;
+  o.release_weights = weight_policy(m.model, 0).stream;  // as `dump` holds the checkpoint
   auto engine = make_engine("impl", m.model, o);
   cand->mutable_manifest() = make_manifest(*engine, m.model, m.dir, sc);
   cand->set_filter(record);

@@ -14,6 +14,7 @@
 #include "dumps/contract/ranks.h"
 #include "dumps/zoo/bugs.h"
 #include "impl/batch_engine.h"
+#include "synth/synth.h"
 
 namespace llmdiff::cli {
 
@@ -32,6 +33,7 @@ struct DumpOptions {
   int spec_k = 4;
   int draft_layers = 1;
   int64_t bucket = 0;
+  std::string memory_budget;  // a checkpoint larger than this streams; empty: half the memory available
   int64_t block_size = 16, num_blocks = 0, chunk = 0;
 };
 
@@ -44,6 +46,15 @@ int list_bugs() {
 
 // Several sequences through the continuous-batching engine: each under
 // seq{b}., the engine's iterations and its paged cache's bookkeeping.
+int64_t memory_budget(const DumpOptions& o) {
+  if (o.memory_budget.empty()) return 0;
+  try {
+    return int64_t(synth::parse_byte_size(o.memory_budget));
+  } catch (const Error& e) {
+    throw UsageError(std::string("--memory-budget: ") + e.what());
+  }
+}
+
 int run_batch_dump(const DumpOptions& o, const Model& model) {
   if (o.engine != "impl")
     throw UsageError("--batch runs the impl's continuous-batching engine (--engine impl); the reference runs each "
@@ -55,7 +66,7 @@ int run_batch_dump(const DumpOptions& o, const Model& model) {
   bo.block_size = o.block_size;
   bo.num_blocks = o.num_blocks;
   bo.chunk = o.chunk;
-  bo.release_weights = true;
+  bo.release_weights = bisect::weight_policy(model, memory_budget(o)).stream;
   bo.prefix_cache = o.prefix_cache;
   bo.speculative = o.speculative;
   bo.spec_k = o.spec_k;
@@ -114,7 +125,9 @@ int run_dump(const DumpOptions& o) {
     throw UsageError("the sampler's bugs act only when the run samples: add --sample");
   }
   EngineOptions eo = o.engine_opts;
-  eo.release_weights = true;  // the impl holds about one layer of the checkpoint resident, not all of it
+  // The checkpoint resident when it fits the memory budget, else streamed
+  // layer by layer (about one layer resident).
+  eo.release_weights = bisect::weight_policy(model, memory_budget(o)).stream;
   auto engine = make_engine(o.engine, model, eo);
   DumpWriter writer(o.out);
   if (!o.sites.empty()) writer.set_filter(split_list(o.sites));
@@ -194,6 +207,9 @@ void setup_dump(CLI::App& app, Action& action) {
                   "--batch: pad each engine call's rows to a multiple of this (a captured graph's bucket; "
                   "iter{N}.padded_rows recorded)")
       ->check(CLI::NonNegativeNumber);
+  sub->add_option("--memory-budget", o->memory_budget,
+      "impl: a checkpoint larger than this (e.g. 8GB) is streamed layer by layer, one layer's pages resident at a "
+      "time; a smaller one stays resident (default: half the memory available when the command starts)");
   sub->add_option("--block-size", o->block_size, "--batch: positions per KV block (default 16)")
       ->check(CLI::PositiveNumber);
   sub->add_option("--num-blocks", o->num_blocks, "--batch: blocks in the KV pool (default: enough for all at once)")

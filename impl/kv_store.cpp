@@ -243,8 +243,9 @@ void PagedKv::own_for_write(int seq, int64_t from, int64_t to, int iteration) {
     for (auto& layer : pool_)
       for (int s = 0; s < kKvStreams; ++s) {
         const int64_t w = widths_.of[size_t(s)];
-        std::vector<float>& pool = layer[size_t(s)];
-        std::copy_n(&pool[size_t(shared * B_ * w)], keep * w, &pool[size_t(copy * B_ * w)]);
+        if (w == 0 || keep == 0) continue;  // a stream this model does not keep (MLA's v)
+        float* pool = layer[size_t(s)].data();
+        std::copy_n(pool + shared * B_ * w, keep * w, pool + copy * B_ * w);
       }
     owner_[size_t(copy)] = owner_[size_t(shared)];
     t[size_t(blk)] = copy;

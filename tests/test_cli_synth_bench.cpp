@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/support.h"
+#include "bisect/engines.h"
 #include "synth/synth.h"
 #include "dumps/base/errors.h"
 #include "dumps/model/weights.h"
@@ -229,4 +230,39 @@ TEST(CliSynthBench, BatchServesOneAndNSequencesAndIsBatchInvariant) {
   ASSERT_EQ(text.code, 0) << text.error;
   EXPECT_NE(text.out.find("impl continuous batching"), std::string::npos) << text.out;
   EXPECT_NE(text.out.find("batch invariance: seq0 served with 3 others vs alone"), std::string::npos) << text.out;
+}
+
+// `dump` keeps a checkpoint resident when it fits the memory budget and
+// streams it layer by layer beyond; the numbers written are the same.
+TEST(CliSynthBench, DumpHoldsTheCheckpointByTheMemoryBudgetWithTheSameValues) {
+  const std::string dir = llmdiff::testing::golden_model("qwen3-moe");
+  const Model model = Model::load(dir);
+  const int64_t bytes = int64_t(model.weights->total_bytes());
+  ASSERT_GT(bytes, 0);
+  EXPECT_FALSE(bisect::weight_policy(model, bytes).stream);
+  EXPECT_TRUE(bisect::weight_policy(model, bytes - 1).stream);
+  EXPECT_EQ(bisect::weight_policy(model, bytes - 1).str().rfind("streamed layer by layer (", 0), 0u);
+  EXPECT_GT(bisect::weight_policy(model, 0).budget_bytes, 0);  // half the memory available
+
+  std::string files[2];
+  const char* budgets[2] = {"64GB", "1KB"};
+  for (int k = 0; k < 2; ++k) {
+    files[k] = llmdiff::testing::temp_path(std::string("budget_") + std::to_string(k) + ".safetensors");
+    for (const char* batch : {"", "batch"}) {
+      std::vector<std::string> args = {"dump", "--engine", "impl", "--model", dir, "--decode", "3",
+                                        "--memory-budget", budgets[k], "--out", files[k] + batch};
+      if (*batch) {
+        args.insert(args.end(), {"--batch", "1,2,3,4,5;6,7,8"});
+      } else {
+        args.insert(args.end(), {"--tokens", "1,2,3,4,5,6,7,8"});
+      }
+      const auto run = llmdiff::testing::run_cli(args);
+      ASSERT_EQ(run.code, 0) << run.error;
+    }
+  }
+  EXPECT_EQ(llmdiff::testing::read_text(files[0]), llmdiff::testing::read_text(files[1]));
+  EXPECT_EQ(llmdiff::testing::read_text(files[0] + "batch"), llmdiff::testing::read_text(files[1] + "batch"));
+  const auto bad = llmdiff::testing::run_cli({"dump", "--engine", "impl", "--model", dir, "--tokens", "1,2",
+                                              "--memory-budget", "lots", "--out", files[0]});
+  EXPECT_EQ(bad.code, 2);
 }
