@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/serving.h"
 #include "bench/support.h"
 #include "bisect/engines.h"
 #include "bisect/pipeline.h"
@@ -53,18 +54,6 @@ void print_machine() {
   if (!note.empty()) std::printf("note: %s\n", note.c_str());
 }
 
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// Pseudo-random prompt ids in [0, V): splitmix64 of the seed.
-std::vector<int64_t> bench_prompt(int64_t vocab, int n, uint64_t seed) {
-  std::vector<int64_t> ids(static_cast<size_t>(n));
-  uint64_t s = seed;
-  for (auto& id : ids) id = int64_t(splitmix64(s) % uint64_t(vocab));
-  return ids;
-}
 
 // What the parent knows of the checkpoint without running it.
 struct ModelFacts {
@@ -515,7 +504,10 @@ int run_bench(const BenchOptions& o) {
   if (o.e2e_decode < 0) throw UsageError("bench: --e2e-decode must not be negative");
   std::vector<std::string> engines = o.engines;
   if (engines == std::vector<std::string>{"none"}) engines.clear();
-  if (engines.empty() && !o.e2e && o.bisect.empty() && o.batch == 0)
+  if (o.serving == 1 || o.serving < 0)
+    throw UsageError("bench: --serving needs at least 2 requests (they share the first half of the prompt)");
+  if (o.serving > 0 && o.prompt < 2) throw UsageError("bench: --serving needs a --prompt of at least 2 tokens");
+  if (engines.empty() && !o.e2e && o.bisect.empty() && o.batch == 0 && o.serving == 0)
     throw UsageError("bench: --engines lists no engine (use ref, impl or ref,impl)");
   if (!o.bisect.empty()) zoo::parse_bug(o.bisect);  // an unknown bug is a usage error before any work
   for (const auto& e : engines)
@@ -609,6 +601,9 @@ int run_bench(const BenchOptions& o) {
     }
   }
 
+  json serving;
+  if (o.serving > 0) serving = bench_serving(o, &failed);
+
   if (!o.json_out) std::fprintf(stderr, "bench: measuring read bandwidth again ...\n");
   const BandwidthResult after = probe_bandwidth(o, 5);
   bw.all_gbs.insert(bw.all_gbs.end(), after.all_gbs.begin(), after.all_gbs.end());
@@ -663,6 +658,7 @@ int run_bench(const BenchOptions& o) {
     if (o.e2e) j["e2e"] = e2e;
     if (!o.bisect.empty()) j["bisect"] = bis;
     if (o.batch > 0) j["batch"] = batch;
+    if (o.serving > 0) j["serving"] = serving;
     std::printf("%s\n", j.dump(2).c_str());
     return failed ? 2 : 0;
   }
@@ -687,6 +683,7 @@ int run_bench(const BenchOptions& o) {
   }
   if (o.e2e) print_e2e(e2e);
   if (o.batch > 0) print_batch(batch, o);
+  if (o.serving > 0) print_serving(serving);
   if (!o.bisect.empty())
     print_pipeline(bis, "`llmdiff run --inject " + o.bisect + "` (bisect of a candidate with the bug: noise floor, local "
                         "errors, diagnosis), prompt " + std::to_string(o.prompt) + " + " + std::to_string(o.e2e_decode) +

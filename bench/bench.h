@@ -1,9 +1,10 @@
 // llmdiff bench: the harness. Prefill and decode speed, peak memory and
 // bandwidth efficiency of the ref and impl engines side by side, the
 // debugger's own cost end to end (--e2e), the bisection of a candidate with a
-// zoo bug phase by phase (--bisect) and the continuous-batching engine
-// (--batch), each engine or part in a forked child of its own so that its
-// peak RSS is its own. cli/cmd_bench.cpp holds the flags.
+// zoo bug phase by phase (--bisect), the continuous-batching engine
+// (--batch) and the cost of its serving features (--serving,
+// bench/serving.h), each engine or part in a forked child of its own so
+// that its peak RSS is its own. cli/cmd_bench.cpp holds the flags.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -28,6 +29,7 @@ struct BenchOptions {
   std::string bisect;                  // --bisect BUG: time the bisection of an impl candidate with BUG
   std::string mla = "naive";           // impl's MLA form (deepseek_v3): naive or absorbed
   int batch = 0;                       // --batch N: the continuous-batching engine with 1 and N sequences
+  int serving = 0;                     // --serving N: each serving feature's cost, N requests sharing a prefix
 };
 
 // Runs what `o` asks and prints the tables (or, with json_out, one JSON

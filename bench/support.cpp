@@ -181,6 +181,17 @@ ChildOutcome run_in_child(const std::function<std::string()>& fn) {
   return res;
 }
 
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::vector<int64_t> bench_prompt(int64_t vocab, int n, uint64_t seed) {
+  std::vector<int64_t> ids(static_cast<size_t>(n));
+  uint64_t s = seed;
+  for (auto& id : ids) id = int64_t(splitmix64(s) % uint64_t(vocab));
+  return ids;
+}
+
 Stat stat_of(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   Stat s;

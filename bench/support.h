@@ -1,7 +1,9 @@
 // Measurement helpers of `llmdiff bench`: the machine's streaming read
 // bandwidth, per-process peak RSS, running work in a forked child, and
-// min/median statistics.
+// min/median statistics, the seconds since a time point and the
+// pseudo-random prompts.
 #pragma once
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -42,6 +44,12 @@ struct ChildOutcome {
 // with 0 after `fn`, or 1 after writing an exception's message. The parent must
 // not have started thread pools that a fork would leave inconsistent.
 ChildOutcome run_in_child(const std::function<std::string()>& fn);
+
+// Seconds from t0 to now.
+double seconds_since(std::chrono::steady_clock::time_point t0);
+
+// Pseudo-random prompt ids in [0, vocab): splitmix64 of the seed.
+std::vector<int64_t> bench_prompt(int64_t vocab, int n, uint64_t seed);
 
 struct Stat {
   double min = 0.0, median = 0.0, max = 0.0;

@@ -1,5 +1,5 @@
 // llmdiff bench --model DIR [--prompt N] [--decode N] [--repeats N] [--engines ref,impl|none] [--e2e]
-//   [--bisect BUG] [--batch N] [--json]: the flags of the harness in bench/bench.h.
+//   [--bisect BUG] [--batch N] [--serving N] [--json]: the flags of the harness in bench/bench.h.
 #include "bench/bench.h"
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -50,6 +50,12 @@ void setup_bench(CLI::App& app, Action& action) {
   sub->add_option("--batch", opt->batch,
                   "Also time the impl's continuous-batching engine serving 1 and N sequences of --prompt + --decode "
                   "tokens (prefill and decode tokens/s of all sequences together)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--serving", opt->serving,
+                  "Also time the cost of each serving feature of the continuous-batching engine: N requests of "
+                  "--prompt tokens sharing their first half and --decode tokens, served plainly, with the prefix "
+                  "cache, speculative decoding (n-gram, draft model), bucket padding and 2 ranks (hit rate, "
+                  "acceptance, decode tokens/s, overheads against the plain run)")
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--e2e-dir", opt->e2e_dir, "Keep the end-to-end dumps here (default: a temporary directory)");
   sub->callback([opt, &action] { action = [opt] { return run_bench(*opt); }; });

@@ -197,6 +197,8 @@ struct BatchEngine::State {
   std::vector<Sequence> seqs;
   std::vector<int64_t> iteration_rows;
   std::vector<double> iteration_seconds;
+  std::vector<int64_t> iteration_generated;
+  BatchOutcome counts;  // the serving features' counts of the current run
 
   // One sequence's part of the next call: its tokens, the drafts it
   // verifies (speculative decoding), the positions it rolls back after it
@@ -329,6 +331,8 @@ void BatchEngine::State::start(const std::vector<int64_t>& positions) {
   }
   iteration_rows.clear();
   iteration_seconds.clear();
+  iteration_generated.clear();
+  counts = BatchOutcome();
 }
 
 int64_t BatchEngine::State::padding_rows(int64_t rows) const {
@@ -371,6 +375,7 @@ SequenceRows BatchEngine::State::plan(Sequence& s, const std::vector<int64_t>& t
 void BatchEngine::State::serve_prefix(Sequence& s, const std::vector<int64_t>& prefix, ForwardCall& call,
                                       int64_t& rows, int it) {
   const int64_t hit = kv->lookup(s.id, prefix, int64_t(prefix.size()));
+  counts.prefix_hit_tokens += hit;
   s.cached = hit;
   s.by_position.assign(prefix.begin(), prefix.begin() + hit);
   if (hit < int64_t(prefix.size())) {
@@ -396,6 +401,8 @@ void BatchEngine::State::verify(Sequence& s, const SequenceRows& m, const Part& 
     while (accepted < k && argmax_row(accepted) == part.drafts[size_t(accepted)]) ++accepted;
     if (bug.spec_accept_off_by_one && accepted < k) ++accepted;
   }
+  counts.drafts_proposed += k;
+  counts.drafts_accepted += accepted;
   for (int64_t i = 0; i < accepted; ++i) s.generated.push_back(part.drafts[size_t(i)]);
   s.generated.push_back(argmax_row(accepted));
   const int64_t kept = m.kv.write_at + 1 + accepted, rejected = k - accepted;
@@ -435,6 +442,7 @@ void BatchEngine::State::iterate(std::vector<Part>& parts, int64_t padding, Obse
   }
   // Rows of no sequence up to the bucket's shape, with a cache of their own.
   if (padding < 0) padding = padding_rows(rows);
+  counts.padded_rows += padding;
   if (padding > 0) {
     Sequence pad;
     pad.id = int(seqs.size());
@@ -450,6 +458,7 @@ void BatchEngine::State::iterate(std::vector<Part>& parts, int64_t padding, Obse
   iteration_rows.push_back(rows);
 
   std::vector<int64_t> seq_ids, seq_steps, num_tokens;
+  int64_t generated = 0;
   std::vector<size_t> offset(call.seqs.size());  // each rows' first logits row
   for (size_t i = 0, at = 0; i < call.seqs.size(); ++i) {
     offset[i] = at;
@@ -466,6 +475,7 @@ void BatchEngine::State::iterate(std::vector<Part>& parts, int64_t padding, Obse
       if (obs.wants(name)) obs.on_i64(name, {int64_t(s.cached_prefix.size())}, s.cached_prefix.data());
     }
     const bool was_prefill = s.fed < s.prompt_len;
+    const size_t before = s.generated.size();
     s.fed += m.T;
     s.steps += 1;
     s.history.insert(s.history.end(), m.tokens.begin(), m.tokens.end());
@@ -481,6 +491,7 @@ void BatchEngine::State::iterate(std::vector<Part>& parts, int64_t padding, Obse
         s.generated.push_back(argmax_first(next));
       }
     }
+    generated += int64_t(s.generated.size() - before);
     kv->index_full_blocks(s.id, s.by_position, s.cached);
     if (was_prefill && s.fed >= s.prompt_len && bug.free_after_prefill) {
       // block-reuse-early: the prompt's full blocks go back to the pool
@@ -493,6 +504,7 @@ void BatchEngine::State::iterate(std::vector<Part>& parts, int64_t padding, Obse
       release(s, s.released, kv->table(s.id).size());
     }
   }
+  iteration_generated.push_back(generated);
   if (padding > 0) kv->truncate(int(seqs.size()), 0);  // the padding rows' blocks back
   const std::string iter = "iter" + std::to_string(it) + ".";
   const Shape n{int64_t(parts.size())};
@@ -503,11 +515,13 @@ void BatchEngine::State::iterate(std::vector<Part>& parts, int64_t padding, Obse
 }
 
 BatchOutcome BatchEngine::State::finish(Observer& obs) {
-  BatchOutcome out;
+  BatchOutcome out = counts;
   out.iterations = int(iteration_rows.size());
   for (int64_t r : iteration_rows) out.rows += r;
   out.iteration_rows = iteration_rows;
   out.iteration_seconds = iteration_seconds;
+  out.iteration_generated = iteration_generated;
+  for (const Sequence& s : seqs) out.prompt_tokens += s.prompt_len;
   for (const Sequence& s : seqs) {
     const std::string name = sequence_prefix(s.id) + "generated";
     if (!s.generated.empty() && obs.wants(name)) obs.on_i64(name, {int64_t(s.generated.size())}, s.generated.data());
@@ -556,6 +570,7 @@ BatchOutcome BatchEngine::run(const std::vector<BatchRequest>& requests, Observe
   for (size_t b = 0; b < requests.size(); ++b) st.seqs[b].prompt_len = int64_t(requests[b].prompt.size());
   auto done = [&](const Sequence& s) { return int(s.generated.size()) >= requests[size_t(s.id)].decode + 1; };
   for (int tick = 0;; ++tick) {
+    const auto t0 = std::chrono::steady_clock::now();
     // Admit every unfinished sequence whose request has arrived, in request
     // order: the rest of its prompt (a chunk of it, after a prefix-cache
     // hit), or its last token (and the drafts to verify).
@@ -572,6 +587,7 @@ BatchOutcome BatchEngine::run(const std::vector<BatchRequest>& requests, Observe
       part.seq = s.id;
       if (s.steps == 0 && st.opt.prefix_cache) {  // a hit leaves at least the prompt's last token to compute
         const int64_t hit = st.kv->lookup(s.id, r.prompt, int64_t(r.prompt.size()) - 1);
+        st.counts.prefix_hit_tokens += hit;
         s.fed = s.cached = hit;
         s.by_position.assign(r.prompt.begin(), r.prompt.begin() + hit);
         s.cached_prefix = s.by_position;
@@ -596,6 +612,7 @@ BatchOutcome BatchEngine::run(const std::vector<BatchRequest>& requests, Observe
       continue;
     }
     st.iterate(parts, -1, obs, done);
+    st.iteration_seconds.back() = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   return st.finish(obs);
 }

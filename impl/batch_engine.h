@@ -116,9 +116,18 @@ SamplingParams sampling_for(const BatchEngineOptions& o, int b);
 struct BatchOutcome {
   std::vector<std::vector<int64_t>> generated;  // per request, in request order
   int iterations = 0;                           // engine forward calls
-  int64_t rows = 0;                             // token rows run, all calls together
+  int64_t rows = 0;                             // token rows run, all calls together (padding included)
   std::vector<int64_t> iteration_rows;          // per engine iteration: its token rows
-  std::vector<double> iteration_seconds;        // per engine iteration: its wall time
+  // Per engine iteration: its wall time (run: the scheduling and drafting
+  // before its forward call included).
+  std::vector<double> iteration_seconds;
+  std::vector<int64_t> iteration_generated;     // per engine iteration: the tokens it generated
+  // What the serving features did, all sequences together.
+  int64_t prompt_tokens = 0;      // the prompts' tokens (served from the prefix cache or computed)
+  int64_t prefix_hit_tokens = 0;  // prompt tokens served from the prefix cache
+  int64_t drafts_proposed = 0;    // drafts of the verify calls
+  int64_t drafts_accepted = 0;    // drafts they kept
+  int64_t padded_rows = 0;        // rows of no sequence added to fill buckets
 };
 
 class BatchEngine {

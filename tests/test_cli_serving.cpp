@@ -17,6 +17,7 @@
 #include "dumps/contract/dump.h"
 #include "dumps/zoo/bugs.h"
 #include "tests/cli_runner.h"
+#include "tests/serving_requests.h"
 #include "tests/support.h"
 
 using namespace llmdiff;
@@ -24,13 +25,6 @@ using namespace llmdiff::testing;
 
 namespace {
 
-// Two requests with repeated tokens joining at iterations 0 and 1.
-const char* kSpecRequests = "1,2,3,4,1,2,3,4,1,2@0:8;5,6,7,5,6,7,5@1:8";
-// A third request whose second block of 4 matches the first's and whose first block the second's.
-const char* kPrefixStale = "2,6,10,14,17,21,25,29,33@0:3;1,5,9,13,40,41,42,43,44@0:3;1,5,9,13,17,21,25,29,50@5:3";
-// A request whose prompt matches the first's for 6 positions: a hit ending inside a block.
-const char* kPrefixPartial = "1,5,9,13,17,21,25,29,33@0:4;2,6,10,14,17,21,25,29,34@3:4;1,5,9,13,17,21,40@4:4";
-const char* kBucket = "1,5,9,13,17@0:4;2,6,10@1:4;3,7@2:3";
 const char* kCutDown =
     "seq*.step*.tokens,seq*.step*.layers.*.out,seq*.step*.logits,seq*.generated,iter*,seq*.step*.kv.cached_prefix,"
     "seq*.step*.spec.*";
