@@ -1,6 +1,7 @@
 #include "compare/local_error.h"
 #include "compare/parallel.h"
 #include "dumps/contract/rows.h"
+#include "dumps/contract/sites.h"
 
 #include <algorithm>
 #include <cmath>
@@ -122,17 +123,6 @@ LocalNoise local_noise(const TensorSource& values, const Recomputed& local) {
   return out;
 }
 
-namespace {
-
-// The KV cache sites: what an engine stores, possibly at a lower precision
-// than it computes (llama.cpp's default F16 cache).
-bool is_storage_site(const std::string& site) {
-  return site == "attn.k_cache" || site == "attn.v_cache" || site == "attn.latent_cache" ||
-         site == "attn.k_pe_cache";
-}
-
-}  // namespace
-
 void SecondNoise::need(const std::vector<std::string>& names) {
   if (!fill_) return;
   std::vector<std::string> ask;
@@ -253,9 +243,11 @@ std::optional<LocalSite> judge_site(const std::string& name, const TensorSource&
   if (s.has_ref_noise) {
     s.pass = s.noise.pass();
     if (!s.pass) s.note = "local " + s.noise.str();
-    // A cache stored at a lower precision is a deliberate rounding, not a
-    // wrong copy: it passes, said so.
-    if (!s.pass && s.noise.finite && is_storage_site(s.parsed.site)) {
+    // A KV cache stored at a lower precision than computed (llama.cpp's
+    // default F16 cache) is a deliberate rounding, not a wrong copy: it
+    // passes, said so.
+    const std::optional<Site> site = find_site(s.parsed.site);
+    if (!s.pass && s.noise.finite && site && is_kv_cache(*site)) {
       if (const std::optional<ComputeDType> grid = rounded_grid(cf.data(), lf.data(), int64_t(cf.size()))) {
         s.pass = true;
         s.stored_as = grid;

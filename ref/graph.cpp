@@ -158,16 +158,6 @@ SiteName parse_site_name(const std::string& name) {
   return n;
 }
 
-bool is_cache_site(Site site) {
-  switch (site) {
-    case Site::AttnKCache:
-    case Site::AttnVCache:
-    case Site::AttnLatentCache:
-    case Site::AttnKPeCache: return true;
-    default: return false;
-  }
-}
-
 // ---------------------------------------------------------------------------
 // Graph: the executor
 
@@ -358,7 +348,7 @@ void Graph::keep_only_caches() {
   const int last = steps() - 1;
   for (auto it = memo_.begin(); it != memo_.end();) {
     const SiteName c = parse_site_name(it->first);
-    const bool keep = c.step == last && c.id && is_cache_site(*c.id);
+    const bool keep = c.step == last && c.id && is_kv_cache(*c.id);
     it = keep ? std::next(it) : memo_.erase(it);
   }
   dump_cache_.clear();
@@ -370,7 +360,7 @@ void Graph::forget_layers_before(int layer, bool keep_caches) {
   auto old = [&](const std::string& name, bool is_memo) {
     const SiteName c = parse_site_name(name);
     if (c.kind != CanonName::Kind::Layer || c.layer >= layer) return false;
-    return !(is_memo && keep_caches && c.step == last && c.id && is_cache_site(*c.id));
+    return !(is_memo && keep_caches && c.step == last && c.id && is_kv_cache(*c.id));
   };
   for (auto it = memo_.begin(); it != memo_.end();) it = old(it->first, true) ? memo_.erase(it) : std::next(it);
   for (auto it = dump_cache_.begin(); it != dump_cache_.end();)

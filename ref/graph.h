@@ -203,10 +203,6 @@ class Graph {
   std::map<int, std::pair<torch::Tensor, torch::Tensor>> tables_;
 };
 
-// The sites a forward call carries to the next: the KV caches (GQA's k/v,
-// MLA's latent and k_pe too).
-bool is_cache_site(Site site);
-
 // The ref's producer text for a manifest.
 std::string producer(ComputeDType dtype);
 

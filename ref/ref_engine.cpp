@@ -85,7 +85,7 @@ class RefEngine : public Engine {
     std::vector<std::string> names;
     for (std::string& n : graph_->names(s, s + 1)) {
       const SiteName c = parse_site_name(n);
-      const bool needed = c.id && (*c.id == Site::NextLogits || is_cache_site(*c.id));
+      const bool needed = c.id && (*c.id == Site::NextLogits || is_kv_cache(*c.id));
       if (needed || obs.wants(n)) names.push_back(std::move(n));
     }
     graph_->run(names, obs, nullptr, /*keep_caches=*/true);

@@ -2,7 +2,7 @@
 # Installs llmdiff's build dependencies from Debian's packages when missing.
 # Idempotent: a second run only checks. Runs apt-get as root, or via sudo.
 set -euo pipefail
-PACKAGES=(g++ cmake make libtorch-dev libopenblas0-pthread libcli11-dev libfmt-dev libgtest-dev nlohmann-json3-dev zlib1g-dev libtomlplusplus-dev golang-go rustc cargo python3-numpy python3-sentencepiece python3-torch clang libfuzzer-14-dev chromium)
+PACKAGES=(g++ cmake make libtorch-dev libopenblas0-pthread libcli11-dev libfmt-dev libgtest-dev nlohmann-json3-dev zlib1g-dev libtomlplusplus-dev golang-go rustc cargo python3-numpy python3-sentencepiece python3-torch clang libfuzzer-14-dev chromium parallel slurm-wlm munge)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

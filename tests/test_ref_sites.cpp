@@ -99,7 +99,7 @@ TEST(RefSites, NamesParseToTheirSiteOfTheRightScope) {
 TEST(RefSites, CacheSitesAreTheKvCaches) {
   std::set<std::string> caches;
   for (const SiteInfo& i : site_table())
-    if (ref::is_cache_site(i.id)) caches.insert(i.name);
+    if (is_kv_cache(i.id)) caches.insert(i.name);
   EXPECT_EQ(caches, (std::set<std::string>{"attn.k_cache", "attn.v_cache", "attn.latent_cache", "attn.k_pe_cache"}));
 }
 

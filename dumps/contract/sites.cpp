@@ -90,6 +90,16 @@ std::optional<Site> find_site(const std::string& name) {
   return it->second;
 }
 
+bool is_kv_cache(Site s) {
+  switch (s) {
+    case Site::AttnKCache:
+    case Site::AttnVCache:
+    case Site::AttnLatentCache:
+    case Site::AttnKPeCache: return true;
+    default: return false;
+  }
+}
+
 bool model_has_site(const ModelConfig& m, int64_t layer, Site s) {
   const bool mla = m.mla.enabled;
   switch (site_info(s).presence) {

@@ -70,6 +70,11 @@ const SiteInfo& site_info(Site s);
 const char* site_name(Site s);
 std::optional<Site> find_site(const std::string& name);  // nullopt: not a site of the table
 
+// The KV caches, what attention stores across calls (possibly at a lower
+// precision than it computes): attn.k_cache, attn.v_cache and MLA's
+// attn.latent_cache, attn.k_pe_cache.
+bool is_kv_cache(Site s);
+
 // Whether layer `layer` of the model computes `site` (false for attn.k on an
 // MLA model, mlp.gate on a MoE layer, ...); step sites: always.
 bool model_has_site(const ModelConfig& m, int64_t layer, Site s);
