@@ -446,6 +446,44 @@ void print_pipeline(const json& r, const std::string& title) {
                                                           : r["diagnosis"].get<std::string>().c_str());
 }
 
+// The bugs `--bisect all` times: every zoo bug that changes this model's
+// forward pass in a single sequence (not the sampler's, the batch's, the
+// serving features' or the ranks' bugs, nor those acting only on padding).
+std::vector<std::string> model_bugs(const ModelConfig& c) {
+  std::vector<std::string> out;
+  for (const zoo::BugInfo& info : zoo::all_bugs())
+    if (info.acts_on_model() && !info.needs_padding && info.feature == zoo::Feature::None &&
+        zoo::bug_inapplicable_reason(info.bug, c).empty())
+      out.push_back(info.name);
+  return out;
+}
+
+// `--bisect all`: one row per bug, as `llmdiff bisect` of its candidate.
+void print_bisect_table(const json& rows, const BenchOptions& o) {
+  std::printf("\n`llmdiff run --inject BUG` for every bug of the zoo this model has (bisect of a candidate with the "
+              "bug), prompt %d + %d decode steps; bisect = every phase after the candidate's own run:\n",
+              o.prompt, o.e2e_decode);
+  std::printf("  %-26s %9s %9s %9s  %-40s %s\n", "bug", "total s", "bisect s", "peak GB", "localised at", "named");
+  int named = 0;
+  double worst = 0;
+  for (const json& r : rows) {
+    const std::string bug = r["injected"].get<std::string>();
+    if (r.contains("error")) {
+      std::printf("  %-26s error: %s\n", bug.c_str(), r["error"].get<std::string>().c_str());
+      continue;
+    }
+    const std::string diag = r["diagnosis"].get<std::string>();
+    const bool right = diag == bug || diag.rfind(bug + "=", 0) == 0;
+    named += right;
+    worst = std::max(worst, r["bisect_seconds"].get<double>());
+    std::printf("  %-26s %9.2f %9.2f %9.2f  %-40s %s\n", bug.c_str(), r["seconds"].get<double>(),
+                r["bisect_seconds"].get<double>(), double(r["peak_rss_bytes"].get<int64_t>()) * 1e-9,
+                r["localised_at"].get<std::string>().c_str(),
+                right ? "yes" : (diag.empty() ? "no (no bug of the zoo fits)" : ("no: " + diag).c_str()));
+  }
+  std::printf("  %d of %zu named; the longest bisect %.2f s\n", named, rows.size(), worst);
+}
+
 void print_batch(const json& rows, const BenchOptions& o) {
   std::printf("\nimpl continuous batching: each sequence %d prompt + %d decode tokens, all arriving at once (the "
               "first iteration prefills them packed, each later one decodes a token of every sequence):\n",
@@ -509,7 +547,7 @@ int run_bench(const BenchOptions& o) {
   if (o.serving > 0 && o.prompt < 2) throw UsageError("bench: --serving needs a --prompt of at least 2 tokens");
   if (engines.empty() && !o.e2e && o.bisect.empty() && o.batch == 0 && o.serving == 0)
     throw UsageError("bench: --engines lists no engine (use ref, impl or ref,impl)");
-  if (!o.bisect.empty()) zoo::parse_bug(o.bisect);  // an unknown bug is a usage error before any work
+  if (!o.bisect.empty() && o.bisect != "all") zoo::parse_bug(o.bisect);  // an unknown bug: a usage error first
   for (const auto& e : engines)
     if (e != "ref" && e != "impl") throw UsageError("bench: unknown engine '" + e + "' (use ref, impl or none)");
 
@@ -580,12 +618,18 @@ int run_bench(const BenchOptions& o) {
   }
 
   json bis;
+  const std::vector<std::string> bisected = o.bisect == "all" ? model_bugs(c) : std::vector<std::string>{o.bisect};
   if (!o.bisect.empty()) {
-    if (!o.json_out) std::fprintf(stderr, "bench: bisect of an impl candidate with %s ...\n", o.bisect.c_str());
-    const ChildOutcome out = run_in_child([&] { return bench_run_pipeline(o, {o.bisect}); });
-    bis = out.ok ? json::parse(out.output) : json{{"error", out.failure}};
-    if (!out.ok) failed = true;
-    bis["peak_rss_bytes"] = out.maxrss_bytes;
+    json rows = json::array();
+    for (const std::string& bug : bisected) {
+      if (!o.json_out) std::fprintf(stderr, "bench: bisect of an impl candidate with %s ...\n", bug.c_str());
+      const ChildOutcome out = run_in_child([&] { return bench_run_pipeline(o, {bug}); });
+      json row = out.ok ? json::parse(out.output) : json{{"injected", bug}, {"error", out.failure}};
+      if (!out.ok) failed = true;
+      row["peak_rss_bytes"] = out.maxrss_bytes;
+      rows.push_back(row);
+    }
+    bis = o.bisect == "all" ? rows : rows[0];
   }
 
   json batch = json::array();
@@ -684,7 +728,8 @@ int run_bench(const BenchOptions& o) {
   if (o.e2e) print_e2e(e2e);
   if (o.batch > 0) print_batch(batch, o);
   if (o.serving > 0) print_serving(serving);
-  if (!o.bisect.empty())
+  if (o.bisect == "all") print_bisect_table(bis, o);
+  if (!o.bisect.empty() && o.bisect != "all")
     print_pipeline(bis, "`llmdiff run --inject " + o.bisect + "` (bisect of a candidate with the bug: noise floor, local "
                         "errors, diagnosis), prompt " + std::to_string(o.prompt) + " + " + std::to_string(o.e2e_decode) +
                         " decode steps:");

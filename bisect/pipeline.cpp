@@ -1,4 +1,5 @@
 #include "bisect/pipeline.h"
+#include "dumps/contract/rows.h"
 #include "bisect/batch_replay.h"
 #include "bisect/ggml_rounding.h"
 #include "compare/sampling_check.h"
@@ -401,7 +402,12 @@ compare::BisectResult bisect_candidate(const ModelOracles& m, const TensorSource
   const compare::Gather gather = [&](compare::Need need, compare::BisectResult& r) {
     return probe(need, r) || (more && more(need, r));
   };
-  compare::BisectResult r = bisect(cand, m.reference, &m.oracle, &hypotheses, opt, gather);
+  // Per-token tensors pruned to a step's last rows without the step's row
+  // list (llama.cpp's output pruning) are compared as that row subset.
+  const InferredRowsView pruned(cand);
+  compare::BisectResult r = bisect(pruned.inferred() ? static_cast<const TensorSource&>(pruned) : cand, m.reference,
+                                   &m.oracle, &hypotheses, opt, gather);
+  for (const std::string& note : pruned.notes()) r.notes.push_back(note);
   if (!precision.empty()) r.notes.push_back("precision profile declared by the candidate: " + precision.str() +
                                             " (the clean run makes the same roundings)");
   if (r.model.empty()) r.model = dir_name(m.dir);

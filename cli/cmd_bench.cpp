@@ -45,7 +45,7 @@ void setup_bench(CLI::App& app, Action& action) {
                 "then `llmdiff run` with its defaults, phase by phase");
   sub->add_option("--e2e-decode", opt->e2e_decode, "Decode steps of the end-to-end and --bisect runs")->capture_default_str();
   sub->add_option("--bisect", opt->bisect,
-                  "Also time the bisection of an impl candidate with this zoo bug (phases, peak RSS, ratio to the "
+                  "Also time the bisection of an impl candidate with this zoo bug, or `all`: one per zoo bug of the model, a table (phases, peak RSS, ratio to the "
                   "plain impl forward; with --engines none, only that)");
   sub->add_option("--batch", opt->batch,
                   "Also time the impl's continuous-batching engine serving 1 and N sequences of --prompt + --decode "

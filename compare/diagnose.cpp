@@ -152,6 +152,7 @@ struct Context {
   std::vector<std::string> cand_names;
   std::vector<const TensorComparison*> cand_cmp;  // the global comparison of each of cand_names (or null)
   std::map<std::string, double> clean_rmse;  // the clean model's run vs the candidate, per name
+  int first_step = 0;                         // the candidate's first forward call
 };
 
 // Replays the scenario with `e.hypothesis` and compares every name. A
@@ -267,6 +268,30 @@ void local_evidence(const Context& cx, HypothesisEvidence& e) {
     e.local_focus_rmse = t->noise.cand_rmse;
   }
   e.supported_by_local = e.local_focus_pass && e.local_new == 0 && e.local_failures == 0;
+}
+
+// The screen before any replay, for a first local failure after the first
+// forward call (where a replay must run every call before it to get there):
+// that site alone recomputed from the candidate's own inputs with the
+// hypothesis' ops (no run of the scenario). When the hypothesis leaves that
+// op exactly as the reference computes it, it does not act on the op that
+// is wrong there: it is not replayed, and its summary says so. Hypotheses
+// the local oracle cannot recompute, those that change that op at all (a
+// wrong parameter value too) and first local failures in the first call
+// (whose replay is short) are replayed as before.
+bool screened_out_locally(const Context& cx, HypothesisEvidence& e) {
+  const DiagnoseInputs& in = cx.in;
+  if (cx.local_focus.empty() || !in.oracle || !in.cand_local || !in.oracle->supports(e.hypothesis)) return false;
+  const CanonName focus = parse_name(cx.local_focus);
+  if (focus.step <= cx.first_step) return false;
+  const LocalSite* clean = cx.local->find(cx.local_focus);
+  if (!clean || clean->pass) return false;
+  if (!op_unchanged_under(*in.oracle, *in.cand, *in.cand_local, cx.local_focus, e.hypothesis)) return false;
+  e.screened_out = true;
+  e.summary = "not replayed: " + cx.local_focus + " recomputed from the candidate's own inputs with " +
+              e.hypothesis.str() + " is the reference op's value (local rmse " + num(clean->noise.cand_rmse) +
+              "): it does not act on the op that is wrong there";
+  return true;
 }
 
 // The hypothesis run's RMSE against the candidate at the first divergent
@@ -409,9 +434,14 @@ bool any_replay_support(const Diagnosis& d) {
 
 // Parameterised bugs off the grid: the value searched, then replayed.
 void search_parameters(const Context& cx, const std::vector<Hypothesis>& hyps, Diagnosis& d) {
-  std::set<std::string> param_bugs;
+  std::set<std::string> param_bugs;  // those whose values act on the op that is wrong (not all screened out)
   for (const auto& h : hyps)
     if (h.value) param_bugs.insert(h.bug);
+  for (const auto& bug : std::set<std::string>(param_bugs)) {
+    bool acts = false;
+    for (const auto& e : d.ranked) acts = acts || (e.hypothesis.bug == bug && !e.screened_out);
+    if (!acts) param_bugs.erase(bug);
+  }
   for (const auto& bug : param_bugs)
     if (auto h = refine_parameter(cx, bug, d.ranked)) {
       HypothesisEvidence e;
@@ -455,6 +485,11 @@ Diagnosis diagnose(const DiagnoseInputs& in) {
   if (in.ref) d.fingerprints = fingerprints(cand, *in.ref, *in.global, in.scenario);
   if (in.runner) d.inapplicable = in.runner->inapplicable();
   cx.cand_names = cand.names();
+  cx.first_step = std::numeric_limits<int>::max();
+  for (const auto& n : cx.cand_names) {
+    const CanonName c = parse_name(n);
+    if (c.step >= 0) cx.first_step = std::min(cx.first_step, c.step);
+  }
   {
     std::unordered_map<std::string, const TensorComparison*> by_name;
     for (const TensorComparison& t : in.global->tensors) by_name.emplace(t.name, &t);
@@ -472,17 +507,22 @@ Diagnosis diagnose(const DiagnoseInputs& in) {
     }
     done("the clean run against the candidate");
   }
+  size_t screened = 0;
   for (const Hypothesis& h : hyps) {
     HypothesisEvidence e;
     e.hypothesis = h;
-    replay_evidence(cx, e);
+    if (screened_out_locally(cx, e))
+      ++screened;
+    else
+      replay_evidence(cx, e);
     d.ranked.push_back(std::move(e));
   }
   if (!hyps.empty()) {
     size_t full = 0;
     for (const auto& e : d.ranked)
       if (e.replay_compared > 1) ++full;
-    done("replays of " + std::to_string(hyps.size()) + " hypotheses (" + std::to_string(full) + " in full)");
+    done("replays of " + std::to_string(hyps.size() - screened) + " hypotheses (" + std::to_string(full) +
+         " in full; " + std::to_string(screened) + " screened out by the local recompute)");
   }
   if (in.runner && !any_replay_support(d) && !cx.global_focus.empty()) {
     search_parameters(cx, hyps, d);
@@ -493,7 +533,7 @@ Diagnosis diagnose(const DiagnoseInputs& in) {
   // numerics, a dump without the diverging names).
   const bool all_local = !any_replay_support(d);
   for (auto& e : d.ranked)
-    if (all_local || e.replay_focus_agree || e.supported_by_replay) {
+    if (!e.screened_out && (all_local || e.replay_focus_agree || e.supported_by_replay)) {
       local_evidence(cx, e);
       if (e.local_tested) done("local recompute with " + e.hypothesis.str());
     }

@@ -79,6 +79,9 @@ struct HypothesisEvidence {
   std::string replay_first_disagreement;      // first name (canonical order) where the run differs
   double replay_log_error = 0;                // mean log10(rmse/threshold) over failing names (ranking)
   std::string replay_text;                    // the replay's numbers in one line ("" when not replayed)
+  // Not replayed: its ops recomputed at the first local failure leave it as
+  // the reference's op does (it does not act there; the summary says so).
+  bool screened_out = false;
   // Local recompute under the hypothesis.
   bool local_tested = false;
   size_t local_failures = 0;                  // local failures under the hypothesis

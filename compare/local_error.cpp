@@ -363,6 +363,14 @@ bool same_values(const TensorSource& a, const TensorSource& b, const std::string
 
 }  // namespace
 
+bool op_unchanged_under(const LocalOracle& oracle, const TensorSource& cand, const Recomputed& clean,
+                        const std::string& name, const Hypothesis& h) {
+  const std::vector<std::string> one = {name};
+  const std::unique_ptr<Recomputed> values = oracle.recompute(cand, ComputeDType::Float64, &h, &one);
+  return values && values->values.has(name) && clean.values.has(name) &&
+         same_values(values->values, clean.values, name);
+}
+
 LocalReport analyse_local_variant(const LocalOracle& oracle, const TensorSource& cand, const Recomputed& clean,
                                   const LocalReport& clean_report, const TensorSource* ref, ComputeDType dtype,
                                   const std::vector<std::string>& sites, const Hypothesis& h,

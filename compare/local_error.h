@@ -238,6 +238,13 @@ LocalReport analyse_local_variant(const LocalOracle& oracle, const TensorSource&
                                   const Recomputed* ref_local, SecondNoise* second = nullptr,
                                   RefOnDemand* lazy = nullptr);
 
+// Whether `h` leaves the op at the candidate's site `name` as the reference
+// ops compute it: that site alone recomputed under `h` from the candidate's
+// own inputs (float64) gives exactly `clean`'s values there (false when the
+// oracle cannot recompute it).
+bool op_unchanged_under(const LocalOracle& oracle, const TensorSource& cand, const Recomputed& clean,
+                        const std::string& name, const Hypothesis& h);
+
 // The reference's float64 recompute over the candidate's subset of names
 // (what analyse_local needs as `ref_local`).
 std::unique_ptr<Recomputed> recompute_reference(const LocalOracle& oracle, const TensorSource& cand,

@@ -17,7 +17,8 @@ using testing::run_cli;
 
 // HF's prefill of llama-gqa with layer 1's attention probabilities (head
 // major), its feed-forward and the logits kept for rows {1, 3} only.
-std::string subset_golden(const std::string& stem, const std::vector<int64_t>& rows, float perturb = 0) {
+std::string subset_golden(const std::string& stem, const std::vector<int64_t>& rows, float perturb = 0,
+                          bool declared = true) {
   const DumpFile hf(testing::golden_dump("llama-gqa", "prefill"));
   MemoryDump out("subset");
   out.mutable_manifest() = hf.manifest();
@@ -37,7 +38,7 @@ std::string subset_golden(const std::string& stem, const std::vector<int64_t>& r
   r.stored = DType::I64;
   r.i = rows;
   r.shape = {int64_t(rows.size())};
-  out.put(r);
+  if (declared) out.put(r);
   // Streamed as an engine writes (a MemoryDump's save reads its tensors
   // back, row list checked).
   const std::string path = testing::temp_path(stem + ".safetensors");
@@ -92,6 +93,36 @@ TEST(CliRows, MalformedRowListIsAnInputError) {
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.error.find("step0.rows"), std::string::npos) << r.error;
   EXPECT_NE(r.error.find("ascending"), std::string::npos) << r.error;
+}
+
+// An engine that prunes a step's last layer to its last row and writes the
+// shorter tensors without step0.rows (llama.cpp's output pruning): read as
+// that row subset, HF's values pass with a note saying so; a wrong value in
+// the row is localised there, not called a length bug; shorter tensors that
+// disagree on their row count are read as they are.
+TEST(CliRows, UndeclaredLastRowsAreReadAsARowSubset) {
+  const std::string model = testing::golden_model("llama-gqa");
+  const std::string pruned = subset_golden("rows-last-undeclared", {5, 6}, 0, false);
+  auto r = run_cli({"bisect", "--model", model, pruned, "--json"});
+  ASSERT_EQ(r.code, 0) << r.out.substr(0, 3000) << r.error;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  bool noted = false;
+  for (const auto& n : j["notes"])
+    noted = noted || n.get<std::string>() ==
+                         "step0: 7 tensors hold the last 2 of the step's 7 rows, without step0.rows: compared as that "
+                         "row subset";
+  EXPECT_TRUE(noted) << j["notes"].dump();
+
+  const std::string bad = subset_golden("rows-last-undeclared-bad", {5, 6}, 0.5f, false);
+  r = run_cli({"bisect", "--model", model, bad, "--json"});
+  ASSERT_EQ(r.code, 1) << r.error;
+  j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["localised_at"], "step0.layers.1.mlp.down");
+
+  // Not the last rows: rows {1, 3} read as the last two disagree with the reference there.
+  const std::string inner = subset_golden("rows-13-undeclared", {1, 3}, 0, false);
+  r = run_cli({"bisect", "--model", model, inner, "--json"});
+  EXPECT_EQ(r.code, 1) << r.error;
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "synth/synth.h"
 #include "dumps/base/errors.h"
 #include "dumps/model/weights.h"
+#include "dumps/zoo/bugs.h"
 #include "tests/cli_runner.h"
 #include "tests/support.h"
 
@@ -230,6 +231,48 @@ TEST(CliSynthBench, BatchServesOneAndNSequencesAndIsBatchInvariant) {
   ASSERT_EQ(text.code, 0) << text.error;
   EXPECT_NE(text.out.find("impl continuous batching"), std::string::npos) << text.out;
   EXPECT_NE(text.out.find("batch invariance: seq0 served with 3 others vs alone"), std::string::npos) << text.out;
+}
+
+// --bisect all: one bisection per zoo bug that changes a single sequence's
+// forward pass on this model, each localised and named, and the screen by
+// the local recompute named in the phases of a bug first visible in step 1.
+TEST(CliSynthBench, BisectAllTimesEveryBugOfTheModelAndNamesEach) {
+  const std::string dir = llmdiff::testing::golden_model("llama-gqa");
+  const llmdiff::testing::CliRun run =
+      llmdiff::testing::run_cli({"bench", "--model", dir, "--prompt", "8", "--engines", "none", "--bandwidth-mib",
+                                 "16", "--e2e-decode", "2", "--bisect", "all", "--json"});
+  ASSERT_EQ(run.code, 0) << run.out << run.error;
+  const auto j = nlohmann::json::parse(run.out);
+  const ModelConfig cfg = Model::load(dir).config;
+  std::vector<std::string> expected;
+  for (const zoo::BugInfo& info : zoo::all_bugs())
+    if (info.acts_on_model() && !info.needs_padding && info.feature == zoo::Feature::None &&
+        zoo::bug_inapplicable_reason(info.bug, cfg).empty())
+      expected.push_back(info.name);
+  ASSERT_GE(expected.size(), 10u);
+  ASSERT_TRUE(j["bisect"].is_array());
+  ASSERT_EQ(j["bisect"].size(), expected.size());
+  bool screened = false;
+  for (size_t k = 0; k < expected.size(); ++k) {
+    const auto& b = j["bisect"][k];
+    ASSERT_FALSE(b.contains("error")) << b.dump();
+    EXPECT_EQ(b["injected"], expected[k]);
+    EXPECT_EQ(b["exit_code"].get<int>(), 1) << expected[k];
+    const std::string named = b["diagnosis"];
+    EXPECT_TRUE(named == expected[k] || named.rfind(expected[k] + "=", 0) == 0) << expected[k] << ": " << named;
+    for (const auto& p : b["phases"])
+      if (expected[k] == "mask-square")
+        screened = screened || p["phase"].get<std::string>().find("screened out by the local recompute") !=
+                                   std::string::npos;
+  }
+  EXPECT_TRUE(screened);
+  const llmdiff::testing::CliRun text =
+      llmdiff::testing::run_cli({"bench", "--model", dir, "--prompt", "8", "--engines", "none", "--bandwidth-mib",
+                                 "16", "--e2e-decode", "2", "--bisect", "all"});
+  ASSERT_EQ(text.code, 0) << text.error;
+  EXPECT_NE(text.out.find(std::to_string(expected.size()) + " of " + std::to_string(expected.size()) + " named"),
+            std::string::npos)
+      << text.out;
 }
 
 // `dump` keeps a checkpoint resident when it fits the memory budget and

@@ -1,5 +1,7 @@
 #include "dumps/contract/rows.h"
 
+#include <set>
+
 #include <cctype>
 
 #include "dumps/base/errors.h"
@@ -85,6 +87,81 @@ TensorData rows_like(TensorData full, const TensorData& part) {
     if (int(k) != *axis && full.shape[k] != part.shape[k]) return full;
   if (full.shape[size_t(*axis)] <= part.rows.back()) return full;  // not the whole axis: left to the comparison
   return select_rows(full, part.rows, *axis);
+}
+
+InferredRowsView::InferredRowsView(const TensorSource& src) : src_(src), names_(src.names()) {
+  // Per step: the step's token count, and the lengths its shorter per-token tensors have.
+  struct Step {
+    std::string prefix;   // "" or "seq{b}."
+    int64_t tokens = -1;  // T (step{N}.tokens [T])
+    std::set<int64_t> lengths;
+    int shorter = 0;
+  };
+  std::map<std::string, Step> steps;  // by the step's rows name
+  auto rows_of = [](const std::string& name, std::string* prefix, CanonName* c) {
+    const size_t pre = sequence_prefix_length(name);
+    *c = parse_name(name.substr(pre));
+    *prefix = name.substr(0, pre);
+    if (c->kind != CanonName::Kind::Step && c->kind != CanonName::Kind::Layer) return std::string();
+    return *prefix + step_name(c->step, Site::Rows);
+  };
+  for (const std::string& n : names_) {
+    std::string prefix;
+    CanonName c;
+    const std::string rn = rows_of(n, &prefix, &c);
+    if (rn.empty() || c.kind != CanonName::Kind::Step || c.site != site_name(Site::Tokens)) continue;
+    const Shape sh = src.shape(n);
+    if (sh.size() == 1) steps[rn].tokens = sh[0], steps[rn].prefix = prefix;
+  }
+  for (const std::string& n : names_) {
+    std::string prefix;
+    CanonName c;
+    const std::string rn = rows_of(n, &prefix, &c);
+    auto st = rn.empty() ? steps.end() : steps.find(rn);
+    if (st == steps.end() || st->second.tokens < 2) continue;
+    const std::optional<int> axis = token_axis(c.site);
+    if (!axis) continue;
+    const Shape sh = src.shape(n);
+    if (int(sh.size()) <= *axis || sh[size_t(*axis)] >= st->second.tokens) continue;
+    st->second.lengths.insert(sh[size_t(*axis)]);
+    ++st->second.shorter;
+  }
+  for (const auto& [rn, st] : steps) {
+    if (st.lengths.size() != 1 || src.has(rn)) continue;
+    const int64_t R = *st.lengths.begin(), T = st.tokens;
+    if (R < 1) continue;
+    std::vector<int64_t> rows(static_cast<size_t>(R));
+    for (int64_t k = 0; k < R; ++k) rows[size_t(k)] = T - R + k;
+    rows_[rn] = rows;
+    names_.push_back(rn);
+    notes_.push_back(rn.substr(0, rn.size() - 5) + ": " + std::to_string(st.shorter) + " tensor" +
+                     (st.shorter == 1 ? " holds" : "s hold") + " the last " + std::to_string(R) + " of the step's " +
+                     std::to_string(T) + " rows, without " + rn + ": compared as that row subset");
+  }
+  if (!rows_.empty()) sort_canonical(names_);
+}
+
+bool InferredRowsView::has(const std::string& name) const { return rows_.count(name) > 0 || src_.has(name); }
+
+Shape InferredRowsView::shape(const std::string& name) const {
+  auto it = rows_.find(name);
+  return it != rows_.end() ? Shape{int64_t(it->second.size())} : src_.shape(name);
+}
+
+TensorData InferredRowsView::get(const std::string& name) const {
+  auto it = rows_.find(name);
+  if (it != rows_.end()) {
+    TensorData t;
+    t.name = name;
+    t.is_int = true;
+    t.stored = DType::I64;
+    t.shape = {int64_t(it->second.size())};
+    t.i = it->second;
+    return t;
+  }
+  TensorData t = src_.get(name);
+  if (t.rows.empty()) attach_rows(*this, t);
+  return t;
 }
 
 }  // namespace llmdiff

@@ -6,6 +6,7 @@
 // them. Readers attach the rows to the tensor (TensorData::rows); whoever
 // compares it with a whole tensor takes the same rows of that one.
 #pragma once
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -35,5 +36,34 @@ TensorData select_rows(const TensorData& full, const std::vector<int64_t>& rows,
 // `full` has every row (more rows than `part` along the token axis, the
 // other dims equal); else `full` unchanged.
 TensorData rows_like(TensorData full, const TensorData& part);
+
+// A candidate read with the row lists it left out: a step whose per-token
+// tensors hold fewer entries along the token axis than the step's tokens,
+// all the same number R, and no step{N}.rows, is read as holding its last R
+// rows (llama.cpp's output pruning, written by a tool that does not declare
+// the rows): step{N}.rows = [T-R, ..., T-1] is added and attached to those
+// tensors, which are then compared with the reference's same rows (equal
+// within the floor: a row subset; not: a divergence there, as any). Steps
+// that declare their rows, or whose shorter tensors disagree on R, are read
+// as they are.
+class InferredRowsView final : public TensorSource {
+ public:
+  explicit InferredRowsView(const TensorSource& src);
+  bool inferred() const { return !rows_.empty(); }
+  // One line per step whose rows were inferred ("step0: 4 tensors hold the
+  // last 1 of the step's 7 rows, without step0.rows: compared as that row subset").
+  const std::vector<std::string>& notes() const { return notes_; }
+  const std::string& label() const override { return src_.label(); }
+  const Manifest& manifest() const override { return src_.manifest(); }
+  std::vector<std::string> names() const override { return names_; }
+  bool has(const std::string& name) const override;
+  Shape shape(const std::string& name) const override;
+  TensorData get(const std::string& name) const override;
+
+ private:
+  const TensorSource& src_;
+  std::map<std::string, std::vector<int64_t>> rows_;  // the inferred step{N}.rows
+  std::vector<std::string> names_, notes_;
+};
 
 }  // namespace llmdiff
