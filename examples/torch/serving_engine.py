@@ -530,7 +530,7 @@ def main():
     a = ap.parse_args()
     torch.set_grad_enabled(False)
     model, c, config_text = load_model(a.model)
-    requests = parse_requests(a.requests, golden_prompt(a.model))
+    requests = parse_requests(a.requests, golden_prompt(a.model) if "p" in a.requests else [])
     engine = Engine(model, c, a.block_size, a.num_blocks, a.chunk, a.pad_to, a.bug, a.last_logits)
     t0 = time.perf_counter()
     if a.out:
