@@ -8,6 +8,7 @@
 
 #include "compare/layout.h"
 #include "compare/noise_floor.h"
+#include "dumps/base/dtype.h"
 
 namespace llmdiff::compare::sig {
 
@@ -518,6 +519,66 @@ void find_transposed_weight(Found& f, const TensorData& c, const TensorSource& c
   g.fit = e / f.err;
   g.decisive = true;
   f.out.push_back(g);
+}
+
+void find_rope_angle_precision(Found& f, const TensorData& c, const TensorData& r, const TensorSource& cand,
+                               const TensorSource& ref) {
+  const bool is_cos = f.cn.site == "rope.cos";
+  if (!is_cos && f.cn.site != "rope.sin") return;
+  const std::string inv_name = "rope.inv_freq", pos_name = step_name(f.cn.step, "positions");
+  const TensorSource* pos_src = cand.has(pos_name) ? &cand : ref.has(pos_name) ? &ref : nullptr;
+  if (!ref.has(inv_name) || !pos_src || c.shape.size() != 2) return;
+  const TensorData inv = ref.get(inv_name), pos = pos_src->get(pos_name);
+  const int64_t T = c.shape[0], D = c.shape[1], half = int64_t(inv.f.size());
+  if (inv.is_int || half == 0 || D != 2 * half || int64_t(pos.numel()) != T) return;
+  const std::vector<float> p = pos.floats();
+  auto g16 = [](float x, bool bf16) { return bf16 ? bf16_to_f32(f32_to_bf16(x)) : f16_to_f32(f32_to_f16(x)); };
+  // HF's table: emb = cat(freqs, freqs), freqs[t, i] = positions[t] x inv_freq[i]
+  // in float32, cos/sin times the rope's attention scaling (fitted below).
+  auto table = [&](int variant, bool bf16) {
+    std::vector<float> v(size_t(T * D));
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < D; ++i) {
+        const float fr = inv.f[size_t(i % half)];
+        float a = p[size_t(t)] * (variant == 2 ? g16(fr, bf16) : fr);
+        if (variant == 1) a = g16(a, bf16);
+        v[size_t(t * D + i)] = is_cos ? std::cos(a) : std::sin(a);
+      }
+    return v;
+  };
+  const std::string& dtype = cand.manifest().dtype;
+  const std::optional<bool> out16 = dtype == "bfloat16" ? std::optional<bool>(true)
+                                    : dtype == "float16" ? std::optional<bool>(false) : std::nullopt;
+  const std::vector<float> exact = table(0, false);
+  const int64_t n = T * D;
+  double num_s = 0, den_s = 0;
+  for (int64_t k = 0; k < n; ++k) num_s += double(r.f[size_t(k)]) * exact[size_t(k)], den_s += double(exact[size_t(k)]) * exact[size_t(k)];
+  const double scaling = den_s > 0 ? num_s / den_s : 1.0;
+  struct Try {
+    int variant;
+    bool bf16;
+    double rmse = 0;
+  };
+  std::optional<Try> best;
+  for (int variant : {1, 2})
+    for (bool bf16 : {true, false}) {
+      std::vector<float> h = table(variant, bf16);
+      for (float& x : h) x = float(double(x) * scaling);
+      if (out16) for (float& x : h) x = g16(x, *out16);  // a 16-bit engine's table is stored in its type
+      const double e = rmse(c.f.data(), h.data(), n);
+      if (!best || e < best->rmse) best = Try{variant, bf16, e};
+    }
+  if (!best || !(best->rmse <= 0.1 * f.err)) return;
+  // How the error grows with position: the row rmse at the first and the last row.
+  auto row_err = [&](int64_t t) { return rmse(c.f.data() + t * D, r.f.data() + t * D, D); };
+  const char* type = best->bf16 ? "bfloat16" : "float16";
+  const std::string what = best->variant == 1 ? std::string("the angles position x inv_freq rounded to ") + type
+                                              : std::string("inv_freq rounded to ") + type;
+  f.add_decisive("precision", std::string(is_cos ? "cos" : "sin") + " of " + what + " reproduces the candidate (rmse " +
+                                  num(best->rmse) + " against that, " + num(f.err) +
+                                  " against the reference): RoPE computed in 16 bits, an error growing with position "
+                                  "(row rmse " + num(row_err(0)) + " at position " + num(p[0]) + ", " +
+                                  num(row_err(T - 1)) + " at position " + num(p[size_t(T - 1)]) + ")");
 }
 
 }  // namespace llmdiff::compare::sig

@@ -59,6 +59,11 @@ void find_partial_dims(Found& f, const TensorData& c, const TensorData& r, const
 void find_mask(Found& f, const TensorData& c, const TensorData& r);
 // candidate = f(reference), or mlp.act from the candidate's own gate and up.
 void find_elementwise(Found& f, const TensorData& c, const TensorData& r, const TensorSource& cand);
+// `rope.cos` / `rope.sin`: the angles position x inv_freq (or inv_freq
+// itself) rounded to bfloat16 or float16 reproduce the candidate (the
+// reference's inv_freq and the step's positions read from the dumps).
+void find_rope_angle_precision(Found& f, const TensorData& c, const TensorData& r, const TensorSource& cand,
+                               const TensorSource& ref);
 // The projection with its weight transposed reproduces the candidate.
 void find_transposed_weight(Found& f, const TensorData& c, const TensorSource& cand, const LocalOracle& oracle);
 

@@ -161,9 +161,13 @@ std::vector<ErrorSignature> error_signatures(const std::string& name, const Tens
   }
   const double err = rmse(c.f.data(), r.f.data(), n);
   const double scale = std::max(rms(r.f.data(), n), 1e-30);
-  if (err <= kExact * scale) return out;  // nothing to explain
   found.err = err;
   found.scale = scale;
+  // RoPE's table in 16 bits: small errors (small angles round little), below
+  // the exact-match level the other signatures skip.
+  if (err > 0) sig::find_rope_angle_precision(found, c, r, cand, ref);
+  if (found.has_decisive()) return out;
+  if (err <= kExact * scale) return out;  // nothing to explain
   const CanonName& cn = found.cn;
   auto add = [&](const std::string& kind, const std::string& detail, double left) { found.add(kind, detail, left); };
 

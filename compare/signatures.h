@@ -2,7 +2,11 @@
 // the zoo explains it, each with its numbers. Computed from the candidate's
 // and the reference's values alone (compare/ sees no weights):
 //
-//  - precision: the reference's values rounded to float16 / bfloat16;
+//  - precision: the reference's values rounded to float16 / bfloat16; or
+//             RoPE's table (rope.cos, rope.sin) computed from the angles
+//             position x inv_freq, or from inv_freq, rounded to one of them
+//             (an error growing with position; the reference's inv_freq and
+//             the step's positions read from the dumps);
 //  - scale:   candidate ~ c x reference, globally, per head or per row;
 //             c recognised against common factors (sqrt(D), sqrt(Dh),
 //             1/sqrt(Dh), Dh, 1/Dh, their MLA forms);

@@ -410,6 +410,35 @@ std::vector<SignatureCase> signature_cases(const bisect::ModelOracles& m, const 
                        cap *= 0.5f;
                        for (float& x : t.f) x = cap * std::tanh(x / cap);
                      }});
+  // RoPE's table computed in 16 bits: the angles position x inv_freq, or
+  // inv_freq itself, rounded (HF's layout cat(freqs, freqs), its attention
+  // scaling fitted from its own table; a bfloat16 model's table rounded too).
+  auto rope16 = [bf16](bool is_cos, bool angles, bool to_bf16) {
+    return [=](TensorData& t, const TensorSource& g) {
+      const std::vector<float> inv = g.get("rope.inv_freq").f, pos = g.get("step0.positions").floats();
+      const int64_t T = t.shape[0], D = t.shape[1], half = int64_t(inv.size());
+      auto g16 = [to_bf16](float x) { return to_bf16 ? bf16_to_f32(f32_to_bf16(x)) : f16_to_f32(f32_to_f16(x)); };
+      auto fn = [is_cos](float a) { return is_cos ? std::cos(a) : std::sin(a); };
+      double num = 0, den = 0;
+      for (int64_t k = 0; k < T * D; ++k) {
+        const double e = fn(pos[size_t(k / D)] * inv[size_t(k % D % half)]);
+        num += e * t.f[size_t(k)], den += e * e;
+      }
+      const double scaling = num / den;
+      for (int64_t k = 0; k < T * D; ++k) {
+        const float f = inv[size_t(k % D % half)], p = pos[size_t(k / D)];
+        const float a = angles ? g16(p * f) : p * g16(f);
+        const float v = float(scaling * fn(a));
+        t.f[size_t(k)] = bf16 ? bf16_to_f32(f32_to_bf16(v)) : v;
+      }
+    };
+  };
+  // (A bfloat16 model's table rounds most of the difference away.)
+  if (!bf16) {
+    cases.push_back({"step0.rope.cos", "precision", "cos of the angles position x inv_freq rounded to bfloat16",
+                     rope16(true, true, true)});
+    cases.push_back({"step0.rope.sin", "precision", "sin of inv_freq rounded to float16", rope16(false, false, false)});
+  }
   // o_proj's [out, in] data read as [in, out] (x W instead of x W^T), from HF's own attn.ctx.
   cases.push_back({"step0.layers.0.attn.out", "transposed-weight", "weight matrix transposed",
                    [&m, bf16](TensorData& t, const TensorSource& g) {
