@@ -581,4 +581,56 @@ void find_rope_angle_precision(Found& f, const TensorData& c, const TensorData& 
                                   num(row_err(T - 1)) + " at position " + num(p[size_t(T - 1)]) + ")");
 }
 
+void find_norm_input_precision(Found& f, const TensorData& c, const TensorData& r, const TensorSource& cand,
+                               const TensorSource& ref, const std::optional<ModelConfig>& cfg) {
+  const CanonName& cn = f.cn;
+  std::string input;  // the norm's input (HF's residual stream at that point)
+  if (cn.site == "attn_norm" && cn.kind == CanonName::Kind::Layer)
+    input = cn.layer == 0 ? step_name(cn.step, "embed") : layer_name(cn.step, cn.layer - 1, "out");
+  else if (cn.site == "mlp_norm" && cn.kind == CanonName::Kind::Layer)
+    input = layer_name(cn.step, cn.layer, "attn_residual");
+  else if (cn.site == "final_norm" && cfg && cfg->num_hidden_layers > 0)
+    input = layer_name(cn.step, int(cfg->num_hidden_layers) - 1, "out");
+  if (input.empty() || !cand.has(input) || !ref.has(input) || c.shape.size() != 2) return;
+  const TensorData xc = cand.get(input), xr = ref.get(input);
+  if (xc.shape != c.shape || xr.shape != r.shape || xc.is_int) return;
+  const int64_t T = c.shape[0], D = c.shape[1];
+  const double eps = cfg ? cfg->rms_norm_eps : 1e-6;
+  auto inv_rms = [&](const float* x) {
+    double ss = 0;
+    for (int64_t j = 0; j < D; ++j) ss += double(x[j]) * x[j];
+    return 1.0 / std::sqrt(ss / double(D) + eps);
+  };
+  // The weight, per channel, from the reference's own input and output (the
+  // row where the normalised input is largest).
+  std::vector<double> w(size_t(D), 0.0), best(size_t(D), 0.0);
+  for (int64_t t = 0; t < T; ++t) {
+    const double k = inv_rms(xr.f.data() + t * D);
+    for (int64_t j = 0; j < D; ++j) {
+      const double xn = double(xr.f[size_t(t * D + j)]) * k;
+      if (std::fabs(xn) > best[size_t(j)]) best[size_t(j)] = std::fabs(xn), w[size_t(j)] = r.f[size_t(t * D + j)] / xn;
+    }
+  }
+  struct Try {
+    bool bf16;
+    double rmse;
+  };
+  std::optional<Try> found;
+  for (bool bf16 : {true, false}) {
+    std::vector<float> x(xc.f), h(size_t(T * D));
+    for (float& v : x) v = bf16 ? bf16_to_f32(f32_to_bf16(v)) : f16_to_f32(f32_to_f16(v));
+    for (int64_t t = 0; t < T; ++t) {
+      const double k = inv_rms(x.data() + t * D);
+      for (int64_t j = 0; j < D; ++j) h[size_t(t * D + j)] = float(w[size_t(j)] * (double(x[size_t(t * D + j)]) * k));
+    }
+    const double e = rmse(c.f.data(), h.data(), T * D);
+    if (!found || e < found->rmse) found = Try{bf16, e};
+  }
+  if (!found || !(found->rmse <= 0.1 * f.err)) return;
+  f.add_decisive("precision", std::string("the norm's input ") + input + " rounded to " +
+                                  (found->bf16 ? "bfloat16" : "float16") + " before the norm reproduces the candidate "
+                                  "(rmse " + num(found->rmse) + " against that, " + num(f.err) +
+                                  " against the reference): the residual stream cast to 16 bits for the norm");
+}
+
 }  // namespace llmdiff::compare::sig

@@ -64,6 +64,12 @@ void find_elementwise(Found& f, const TensorData& c, const TensorData& r, const 
 // reference's inv_freq and the step's positions read from the dumps).
 void find_rope_angle_precision(Found& f, const TensorData& c, const TensorData& r, const TensorSource& cand,
                                const TensorSource& ref);
+// RMSNorm sites (attn_norm, mlp_norm, final_norm): the norm's input (the
+// candidate's own) rounded to bfloat16 or float16 before the norm, with the
+// norm's weight read off the reference's own input and output, reproduces
+// the candidate.
+void find_norm_input_precision(Found& f, const TensorData& c, const TensorData& r, const TensorSource& cand,
+                               const TensorSource& ref, const std::optional<ModelConfig>& cfg);
 // The projection with its weight transposed reproduces the candidate.
 void find_transposed_weight(Found& f, const TensorData& c, const TensorSource& cand, const LocalOracle& oracle);
 

@@ -168,6 +168,8 @@ std::vector<ErrorSignature> error_signatures(const std::string& name, const Tens
   if (err > 0) sig::find_rope_angle_precision(found, c, r, cand, ref);
   if (found.has_decisive()) return out;
   if (err <= kExact * scale) return out;  // nothing to explain
+  sig::find_norm_input_precision(found, c, r, cand, ref, cfg);
+  if (found.has_decisive()) return out;
   const CanonName& cn = found.cn;
   auto add = [&](const std::string& kind, const std::string& detail, double left) { found.add(kind, detail, left); };
 

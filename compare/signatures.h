@@ -6,7 +6,9 @@
 //             RoPE's table (rope.cos, rope.sin) computed from the angles
 //             position x inv_freq, or from inv_freq, rounded to one of them
 //             (an error growing with position; the reference's inv_freq and
-//             the step's positions read from the dumps);
+//             the step's positions read from the dumps); or an RMSNorm
+//             (attn_norm, mlp_norm, final_norm) of its input rounded to one
+//             of them (the weight read off the reference's input and output);
 //  - scale:   candidate ~ c x reference, globally, per head or per row;
 //             c recognised against common factors (sqrt(D), sqrt(Dh),
 //             1/sqrt(Dh), Dh, 1/Dh, their MLA forms);

@@ -439,6 +439,25 @@ std::vector<SignatureCase> signature_cases(const bisect::ModelOracles& m, const 
                      rope16(true, true, true)});
     cases.push_back({"step0.rope.sin", "precision", "sin of inv_freq rounded to float16", rope16(false, false, false)});
   }
+  // The residual stream cast to bfloat16 before the norm: HF's RMSNorm of
+  // the rounded input with the model's own weight, in float32.
+  if (!bf16)
+    cases.push_back({"step0.layers.1.mlp_norm", "precision",
+                     "the norm's input step0.layers.1.attn_residual rounded to bfloat16",
+                     [&m](TensorData& t, const TensorSource& g) {
+                       const WeightView& wv = m.model.weights->layers[1].post_attn_norm;
+                       const int64_t D = t.shape[1], T = t.shape[0];
+                       std::vector<float> w(static_cast<size_t>(D));
+                       wv.rows_f32(0, 1, w.data());
+                       std::vector<float> x = g.get("step0.layers.1.attn_residual").f;
+                       for (float& v : x) v = bf16_to_f32(f32_to_bf16(v));
+                       for (int64_t r = 0; r < T; ++r) {
+                         float ss = 0;
+                         for (int64_t j = 0; j < D; ++j) ss += x[size_t(r * D + j)] * x[size_t(r * D + j)];
+                         const float k = 1.0f / std::sqrt(ss / float(D) + float(m.model.config.rms_norm_eps));
+                         for (int64_t j = 0; j < D; ++j) t.f[size_t(r * D + j)] = w[size_t(j)] * (x[size_t(r * D + j)] * k);
+                       }
+                     }});
   // o_proj's [out, in] data read as [in, out] (x W instead of x W^T), from HF's own attn.ctx.
   cases.push_back({"step0.layers.0.attn.out", "transposed-weight", "weight matrix transposed",
                    [&m, bf16](TensorData& t, const TensorSource& g) {
