@@ -93,7 +93,6 @@ std::vector<float> softmax_f32(const std::vector<float>& x);
 // the space of them for the pipeline a candidate's sampler runs.
 struct SamplerPipeline {
   enum class Stage : uint8_t { Penalty, Temperature, TopK, TopP, MinP };
-  static constexpr int kStages = 5;
   // RepetitionPenaltyLogitsProcessor: HF multiplies a negative seen logit by
   // the penalty and divides a positive one, each id once.
   enum class Penalty : uint8_t {
@@ -142,7 +141,6 @@ struct SamplerPipeline {
 
   // The pipeline of the zoo's sampler bugs `f` (all false: HF's).
   static SamplerPipeline from_faults(const zoo::SamplerFaults& f);
-  bool is_hf() const { return *this == SamplerPipeline{}; }
   bool operator==(const SamplerPipeline& o) const;
   bool operator!=(const SamplerPipeline& o) const { return !(*this == o); }
 };
