@@ -107,7 +107,7 @@ std::string sampler_case(const SamplingCheck& c, const std::string& classname) {
   if (c.verdict == SamplingCheck::Verdict::Fail) {
     std::string msg = "the sampler fails at " + std::to_string(c.failing_steps()) + " of " +
                       std::to_string(c.checked_steps()) + " steps";
-    if (!c.explained_by.empty()) msg += "; explained by " + c.explained_by.front().bug;
+    if (const std::string finding = sampling_finding(c); !finding.empty()) msg += "; " + finding;
     o += "      <failure message=\"" + xml_escape(msg) + "\" type=\"sampler\">" + xml_escape(render_sampling_check(c)) +
          "</failure>\n";
   }

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "compare/report.h"
+#include "compare/sampler_search.h"
 #include "dumps/zoo/bugs.h"
 #include "dumps/contract/engine.h"
 #include "dumps/base/errors.h"
@@ -105,10 +106,10 @@ struct Expected {
 };
 
 Expected run_pipeline(const SamplingParams& p, const std::vector<float>& next_logits,
-                      const std::vector<int64_t>& history, const zoo::SamplerFaults& f) {
+                      const std::vector<int64_t>& history, const SamplerPipeline& pipeline) {
   Expected e;
-  e.scores = process_scores(p, next_logits, history, f);
-  e.probs = sample_probs(e.scores, next_logits, f);
+  e.scores = process_scores(p, next_logits, history, pipeline);
+  e.probs = sample_probs(p, e.scores, next_logits, history, pipeline);
   return e;
 }
 
@@ -160,7 +161,7 @@ void judge_token(const SamplingParams& p, const Expected& e, const StepInput& in
 }
 
 SamplingStepCheck judge_step(const SamplingParams& p, const StepInput& in, const SamplingTolerance& tol,
-                             const zoo::SamplerFaults& f = {}) {
+                             const SamplerPipeline& pipeline = {}) {
   SamplingStepCheck out;
   out.step = in.step;
   out.problem = in.problem;
@@ -169,7 +170,7 @@ SamplingStepCheck judge_step(const SamplingParams& p, const StepInput& in, const
     out.u = in.u;
     return out;
   }
-  const Expected e = run_pipeline(p, in.next_logits, in.history, f);
+  const Expected e = run_pipeline(p, in.next_logits, in.history, pipeline);
   out.scores = agree(in.scores, e.scores, tol.scores, true, "sample.scores");
   out.probs = agree(in.probs, e.probs, tol.probs, false, "sample.probs");
   judge_token(p, e, in, out);
@@ -234,29 +235,43 @@ struct SequenceInputs {
   std::vector<StepInput> steps;
 };
 
-// The sampler bug reproduces every step of every sequence: scores and probs
-// within tolerance, the token consistent with its probabilities.
+// How closely a pipeline reproduces the candidate.
+struct PipelineFit {
+  int steps_departing = 0;     // steps where it departs from HF's pipeline on these logits
+  double scores_max_abs = 0;   // worst over the steps: its scores vs the candidate's
+  double probs_max_abs = 0;
+};
+
+// The pipeline reproduces every step of every sequence: scores and probs
+// within tolerance, the token consistent with its probabilities, and it
+// departs from HF's at some step (a pipeline that computes HF's on these
+// logits is no evidence). Most pipelines fail at the first step judged.
+std::optional<PipelineFit> try_pipeline(const SamplerPipeline& pipeline, const std::vector<SequenceInputs>& seqs,
+                                        const SamplingTolerance& tol) {
+  PipelineFit fit;
+  for (const SequenceInputs& s : seqs) {
+    for (const StepInput& in : s.steps) {
+      if (!in.problem.empty()) return std::nullopt;
+      const SamplingStepCheck c = judge_step(s.params, in, tol, pipeline);
+      if (!c.scores.pass() || !c.probs.pass() || !c.token_ok) return std::nullopt;
+      fit.scores_max_abs = std::max(fit.scores_max_abs, c.scores.max_abs);
+      fit.probs_max_abs = std::max(fit.probs_max_abs, c.probs.max_abs);
+      const Expected hf = run_pipeline(s.params, in.next_logits, in.history, {});
+      const Expected other = run_pipeline(s.params, in.next_logits, in.history, pipeline);
+      if (!identical(hf.scores, other.scores) || !identical(hf.probs, other.probs)) ++fit.steps_departing;
+    }
+  }
+  if (fit.steps_departing == 0) return std::nullopt;
+  return fit;
+}
+
 std::optional<SamplerBugMatch> try_bug(const zoo::BugInfo& bug, const std::vector<SequenceInputs>& seqs,
                                        const SamplingTolerance& tol) {
   zoo::SamplerFaults f;
   f.*(bug.sampler_fault) = true;
-  SamplerBugMatch m;
-  m.bug = bug.name;
-  m.description = bug.description;
-  for (const SequenceInputs& s : seqs) {
-    for (const StepInput& in : s.steps) {
-      if (!in.problem.empty()) return std::nullopt;
-      const SamplingStepCheck c = judge_step(s.params, in, tol, f);
-      if (!c.scores.pass() || !c.probs.pass() || !c.token_ok) return std::nullopt;
-      m.scores_max_abs = std::max(m.scores_max_abs, c.scores.max_abs);
-      m.probs_max_abs = std::max(m.probs_max_abs, c.probs.max_abs);
-      const Expected hf = run_pipeline(s.params, in.next_logits, in.history, {});
-      const Expected buggy = run_pipeline(s.params, in.next_logits, in.history, f);
-      if (!identical(hf.scores, buggy.scores) || !identical(hf.probs, buggy.probs)) ++m.steps_departing;
-    }
-  }
-  if (m.steps_departing == 0) return std::nullopt;  // the same as HF here: no evidence
-  return m;
+  const std::optional<PipelineFit> fit = try_pipeline(SamplerPipeline::from_faults(f), seqs, tol);
+  if (!fit) return std::nullopt;
+  return SamplerBugMatch{bug.name, bug.description, fit->steps_departing, fit->scores_max_abs, fit->probs_max_abs};
 }
 
 std::vector<SamplerBugMatch> explain(const std::vector<SequenceInputs>& seqs, const SamplingTolerance& tol) {
@@ -267,6 +282,37 @@ std::vector<SamplerBugMatch> explain(const std::vector<SequenceInputs>& seqs, co
     return std::max(a.scores_max_abs, a.probs_max_abs) < std::max(b.scores_max_abs, b.probs_max_abs);
   });
   return out;
+}
+
+// The pipelines of the fewest departures from HF's that reproduce the
+// candidate (compare/sampler_search.h), on the stages any sequence's
+// parameters make act.
+void search(const std::vector<SequenceInputs>& seqs, const SamplingCheckOptions& opt, SamplingCheck& out) {
+  std::vector<SamplingParams> params;
+  for (const SequenceInputs& s : seqs) params.push_back(s.params);
+  const std::vector<SamplerStage> acting = acting_stages(params);
+  std::vector<std::pair<SamplerPipeline, PipelineFit>> fits;
+  const PipelineSearch found = search_pipelines(
+      acting,
+      [&](const SamplerPipeline& pipeline) {
+        std::optional<PipelineFit> fit = try_pipeline(pipeline, seqs, opt.tol);
+        if (fit) fits.push_back({pipeline, *fit});
+        return fit.has_value();
+      },
+      opt.search_departures, opt.search_budget);
+  out.search = SamplerSearchSummary{opt.search_departures, found.searched_up_to, found.tried, found.budget_spent};
+  for (const SamplerPipeline& pipeline : found.found) {
+    const auto at = std::find_if(fits.begin(), fits.end(), [&](const auto& f) { return f.first == pipeline; });
+    const zoo::BugInfo* bug = zoo_sampler_bug(pipeline, acting);
+    SamplerPipelineMatch m;
+    m.pipeline = pipeline_str(pipeline, acting);
+    m.departures = pipeline_departures(pipeline, acting);
+    m.zoo_bug = bug ? bug->name : "";
+    m.steps_departing = at->second.steps_departing;
+    m.scores_max_abs = at->second.scores_max_abs;
+    m.probs_max_abs = at->second.probs_max_abs;
+    out.pipelines.push_back(std::move(m));
+  }
 }
 
 // ------------------------------------------------------------ rendering
@@ -289,6 +335,42 @@ std::string describe(const VectorAgreement& a) {
   return s;
 }
 
+std::string join(const std::vector<std::string>& items, const std::string& sep) {
+  std::string s;
+  for (size_t i = 0; i < items.size(); ++i) s += (i ? sep : "") + items[i];
+  return s;
+}
+
+std::string pipeline_finding(const SamplerPipelineMatch& m, int failing_steps) {
+  if (!m.zoo_bug.empty()) return "explained by " + m.zoo_bug;
+  return "the sampler's pipeline: " + join(m.departures, "; ") + " (reproduces " +
+         (failing_steps == 1 ? std::string("the 1 failing step") : "all " + std::to_string(failing_steps) + " failing steps") +
+         ")";
+}
+
+// The search's finding: each pipeline found, named by its departures (as
+// the zoo's bug when it is one), or the bound searched without one.
+std::string render_search(const SamplingCheck& c) {
+  std::string s = "no sampler bug of the zoo reproduces the candidate";
+  if (!c.search) return s + "\n";
+  const SamplerSearchSummary& q = *c.search;
+  if (c.pipelines.empty()) {
+    s += ", nor any sampler pipeline of up to " + std::to_string(q.budget_spent ? q.searched_up_to : q.max_departures) +
+         " departure(s) from HF's (" + std::to_string(q.tried) + " tried" +
+         (q.budget_spent ? ", the search budget spent" : "") + ")\n";
+    return s;
+  }
+  s += "; " + std::to_string(q.tried) + " sampler pipeline(s) of up to " + std::to_string(q.searched_up_to) +
+       " departure(s) from HF's tried\n";
+  for (size_t i = 0; i < c.pipelines.size(); ++i) {
+    const SamplerPipelineMatch& m = c.pipelines[i];
+    s += std::string(i == 0 ? "" : "also fits: ") + pipeline_finding(m, c.failing_steps()) + "\n";
+    s += "  " + m.pipeline + "; scores within " + num(m.scores_max_abs) + ", probs within " + num(m.probs_max_abs) +
+         ", departs from HF at " + std::to_string(m.steps_departing) + " step(s)\n";
+  }
+  return s;
+}
+
 std::string describe_step(const SamplingStepCheck& s) {
   std::string line = "  step " + std::to_string(s.step) + ": ";
   if (!s.problem.empty()) return line + "FAIL: " + s.problem;
@@ -303,6 +385,12 @@ std::string describe_step(const SamplingStepCheck& s) {
 }
 
 }  // namespace
+
+std::string sampling_finding(const SamplingCheck& c) {
+  if (!c.explained_by.empty()) return "explained by " + c.explained_by.front().bug;
+  if (!c.pipelines.empty()) return pipeline_finding(c.pipelines.front(), c.failing_steps());
+  return "";
+}
 
 int SamplingCheck::checked_steps() const {
   int n = 0;
@@ -373,8 +461,9 @@ SamplingCheck check_sampling(const TensorSource& cand, const SamplingCheckOption
   if (out.verdict == SamplingCheck::Verdict::Fail && opt.try_bugs) {
     try {
       out.explained_by = explain(inputs, opt.tol);
+      if (out.explained_by.empty() && opt.search_budget > 0) search(inputs, opt, out);
     } catch (const Error&) {
-      // a step whose inputs the pipeline refuses (ids outside the vocabulary) fits no bug either
+      // a step whose inputs the pipeline refuses (ids outside the vocabulary) fits no bug or pipeline either
     }
   }
   return out;
@@ -394,10 +483,7 @@ std::string render_sampling_check(const SamplingCheck& c) {
   }
   s += "FAIL: " + std::to_string(c.failing_steps()) + " of " + std::to_string(c.checked_steps()) +
        " sampling step(s) disagree with HF's processors on the candidate's own logits\n";
-  if (c.explained_by.empty()) {
-    s += "no sampler bug of the zoo reproduces the candidate\n";
-    return s;
-  }
+  if (c.explained_by.empty()) return s + render_search(c);
   for (size_t i = 0; i < c.explained_by.size(); ++i) {
     const SamplerBugMatch& m = c.explained_by[i];
     s += std::string(i == 0 ? "explained by " : "also fits ") + m.bug + " (" + m.description + "): reproduces every step " +
@@ -445,6 +531,20 @@ nlohmann::json sampling_check_to_json(const SamplingCheck& c) {
                                  {"steps_departing", b.steps_departing},
                                  {"scores_max_abs", json_num(b.scores_max_abs)},
                                  {"probs_max_abs", json_num(b.probs_max_abs)}});
+  j["search"] = nullptr;
+  if (c.search)
+    j["search"] = {{"max_departures", c.search->max_departures},
+                   {"searched_up_to", c.search->searched_up_to},
+                   {"tried", c.search->tried},
+                   {"budget_spent", c.search->budget_spent}};
+  j["pipelines"] = json::array();
+  for (const SamplerPipelineMatch& m : c.pipelines)
+    j["pipelines"].push_back({{"pipeline", m.pipeline},
+                              {"departures", m.departures},
+                              {"zoo_bug", m.zoo_bug.empty() ? json(nullptr) : json(m.zoo_bug)},
+                              {"steps_departing", m.steps_departing},
+                              {"scores_max_abs", json_num(m.scores_max_abs)},
+                              {"probs_max_abs", json_num(m.probs_max_abs)}});
   return j;
 }
 

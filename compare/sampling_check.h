@@ -5,7 +5,9 @@
 // are judged against it. A model that computes other logits is not a sampler
 // bug: this check never looks at a reference model. When a step fails, every
 // sampler bug of the zoo is tried on the same inputs, and the ones that
-// reproduce the candidate are named.
+// reproduce the candidate are named; when none does, the pipelines around
+// HF's (processors reordered, rules varied: compare/sampler_search.h) are
+// searched for the one the candidate runs.
 //
 // History of step N = every token the candidate fed through step N (the
 // prompt and the tokens drawn before), i.e. generate's input_ids.
@@ -34,6 +36,11 @@ struct SamplingCheckOptions {
   std::optional<SamplingParams> params;  // overrides the manifest's `sampling`
   SamplingTolerance tol;
   bool try_bugs = true;  // name the zoo's sampler bugs that reproduce a failure
+  // When no zoo bug does, the pipelines of up to `search_departures`
+  // departures from HF's (compare/sampler_search.h) are judged, at most
+  // `search_budget` of them (0: no search).
+  int search_departures = 2;
+  int search_budget = 4000;
 };
 
 // One candidate vector [V] against the recomputed one.
@@ -85,11 +92,33 @@ struct SamplerBugMatch {
   double probs_max_abs = 0;
 };
 
+// A sampler pipeline found by the search that reproduces every checked step.
+struct SamplerPipelineMatch {
+  std::string pipeline;                 // pipeline_str: the acting stages in its order, the draw
+  std::vector<std::string> departures;  // pipeline_departures: one line per moved stage or rule
+  std::string zoo_bug;                  // the zoo's sampler bug with this pipeline ("" when none)
+  int steps_departing = 0;
+  double scores_max_abs = 0, probs_max_abs = 0;
+};
+
+// The search for the candidate's pipeline, run when a step fails and no
+// sampler bug of the zoo reproduces the candidate.
+struct SamplerSearchSummary {
+  int max_departures = 0;  // the bound asked for
+  int searched_up_to = 0;  // departure counts searched in full
+  int tried = 0;           // pipelines judged
+  bool budget_spent = false;
+};
+
 struct SamplingCheck {
   enum class Verdict { Pass, Fail, NothingToCheck };
   std::string label;
   std::vector<SequenceSamplingCheck> sequences;
   std::vector<SamplerBugMatch> explained_by;  // best match first; empty when it passes or nothing fits
+  // The search (run when explained_by is empty after a failure): the
+  // pipelines of the fewest departures that reproduce every step.
+  std::optional<SamplerSearchSummary> search;
+  std::vector<SamplerPipelineMatch> pipelines;
   Verdict verdict = Verdict::NothingToCheck;
   int checked_steps() const;
   int failing_steps() const;
@@ -103,6 +132,11 @@ SamplingCheck check_sampling(const TensorSource& cand, const SamplingCheckOption
 // token, the expected token and the first problem, and the sampler bugs that
 // explain a failure.
 nlohmann::json sampling_check_to_json(const SamplingCheck& c);
+
+// The finding in one line: "explained by sampler-temperature-twice", "the
+// sampler's pipeline: top-p applied before temperature and top-k (reproduces
+// all 4 failing steps)"; "" when nothing explains a failure.
+std::string sampling_finding(const SamplingCheck& c);
 
 // A few lines per sequence: the parameters, one line per step, the verdict
 // and the sampler bugs that explain a failure.

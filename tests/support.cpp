@@ -15,6 +15,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "dumps/contract/names.h"
+
 namespace llmdiff::testing {
 
 std::string source_dir() { return LLMDIFF_SOURCE_DIR; }
@@ -144,6 +146,54 @@ std::string changed_golden(const std::string& model, const std::string& scenario
   const std::string path = temp_path(stem) + ".safetensors";
   d.save(path);
   return path;
+}
+
+namespace {
+
+// Every token fed through step `step` (generate's input_ids at that step).
+std::vector<int64_t> fed_through(const TensorSource& d, int step) {
+  std::vector<int64_t> h;
+  for (int s = 0; s <= step; ++s) {
+    const TensorData t = d.get(step_name(s, "tokens"));
+    h.insert(h.end(), t.i.begin(), t.i.end());
+  }
+  return h;
+}
+
+}  // namespace
+
+std::string resampled_dump(const std::string& path, const SamplerPipeline& pipeline, const std::string& stem,
+                           bool* departs) {
+  const DumpFile in(path);
+  const SamplingParams p = *manifest_sampling(in.manifest(), path);
+  MemoryDump out("resampled");
+  out.mutable_manifest() = in.manifest();
+  *departs = false;
+  for (const std::string& name : in.names()) {
+    TensorData t = in.get(name);
+    const CanonName c = parse_name(name);
+    if (c.site == "sample.scores" || c.site == "sample.probs" || c.site == "sample.token") {
+      const std::vector<float> logits = in.get(step_name(c.step, "next_logits")).f;
+      const std::vector<int64_t> history = fed_through(in, c.step);
+      const std::vector<float> scores = process_scores(p, logits, history, pipeline);
+      const std::vector<float> probs = sample_probs(p, scores, logits, history, pipeline);
+      if (c.site == "sample.token") {
+        if (in.has(step_name(c.step, "sample.u"))) {
+          t.i[0] = pick_inverse_cdf(probs, in.get(step_name(c.step, "sample.u")).f[0]);
+        } else if (probs[size_t(t.i[0])] == 0.0f) {
+          t.i[0] = int64_t(std::max_element(probs.begin(), probs.end()) - probs.begin());
+        }
+      } else {
+        const std::vector<float>& v = c.site == "sample.scores" ? scores : probs;
+        if (v.size() != t.f.size() || std::memcmp(v.data(), t.f.data(), v.size() * sizeof(float)) != 0) *departs = true;
+        t.f = v;
+      }
+    }
+    out.put(t);
+  }
+  const std::string out_path = temp_path(stem) + ".safetensors";
+  out.save(out_path);
+  return out_path;
 }
 
 }  // namespace llmdiff::testing

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "dumps/contract/dump.h"
+#include "dumps/sampling/sampling.h"
 
 namespace llmdiff::testing {
 
@@ -33,6 +34,17 @@ nlohmann::json embedded_json(const std::string& page, const std::string& id);
 // file under `stem` (returns its path).
 std::string changed_golden(const std::string& model, const std::string& scenario, const std::string& stem,
                            const std::function<void(MemoryDump&)>& change);
+
+// The sampled dump at `path` (single-sequence, with sampling parameters in
+// its manifest) with each step's sample.scores / sample.probs recomputed by
+// a sampler running `pipeline` on the dump's own next_logits and history,
+// written to a fresh file under `stem` (returns its path). The token is the
+// pipeline's draw at the recorded sample.u; without one, the recorded token
+// when the pipeline's distribution holds it, else its most probable token.
+// The tokens fed on are left as recorded. *departs: some step's scores or
+// probs changed.
+std::string resampled_dump(const std::string& path, const SamplerPipeline& pipeline, const std::string& stem,
+                           bool* departs);
 
 // max |a-b| over a tensor pair (shapes must match; throws otherwise).
 double max_abs_diff(const TensorData& a, const TensorData& b);

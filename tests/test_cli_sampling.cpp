@@ -82,3 +82,38 @@ TEST(CliSampling, EnginesSampleAndASamplerBugIsNamed) {
                 .code,
             2);
 }
+
+// An engine whose sampler multiplies by the temperature (a pipeline outside
+// the zoo): its own draws at its own sample.u, every other name the impl
+// engine's. bisect finds the model right, no zoo bug, and names the
+// departure found by the search, in text and JSON.
+TEST(CliSampling, ASamplerPipelineOutsideTheZooIsNamed) {
+  const std::string clean = temp_path("sample-clean") + ".st";
+  ASSERT_EQ(run_cli({"dump", "--engine", "impl", "--model", golden_model("llama-gqa"), "--tokens", kPrompt,
+                     "--decode", "3", "--sample", kParams, "--out", clean})
+                .code,
+            0);
+  SamplerPipeline multiplied;
+  multiplied.temperature = SamplerPipeline::Temperature::Multiplied;
+  bool departs = false;
+  const std::string cand = llmdiff::testing::resampled_dump(clean, multiplied, "sample-multiplied", &departs);
+  ASSERT_TRUE(departs);
+  const auto b = run_cli({"bisect", "--model", golden_model("llama-gqa"), cand});
+  EXPECT_EQ(b.code, 1) << b.out << b.error;
+  EXPECT_NE(b.out.find("RESULT: no divergence"), std::string::npos) << b.out;
+  EXPECT_NE(b.out.find("no sampler bug of the zoo reproduces the candidate"), std::string::npos) << b.out;
+  EXPECT_NE(b.out.find("the sampler's pipeline: scores multiplied by the temperature instead of divided (reproduces all "),
+            std::string::npos)
+      << b.out;
+  const auto j = run_cli({"bisect", "--model", golden_model("llama-gqa"), cand, "--json"});
+  EXPECT_EQ(j.code, 1) << j.error;
+  const nlohmann::json doc = nlohmann::json::parse(j.out);
+  EXPECT_EQ(doc["ok"], true) << "the forward pass is right";
+  EXPECT_TRUE(doc["sampling"]["explained_by"].empty());
+  ASSERT_EQ(doc["sampling"]["pipelines"].size(), 1u) << doc["sampling"].dump(1);
+  EXPECT_EQ(doc["sampling"]["pipelines"][0]["departures"],
+            nlohmann::json::array({"scores multiplied by the temperature instead of divided"}));
+  EXPECT_EQ(doc["sampling"]["pipelines"][0]["pipeline"],
+            "repetition penalty > temperature (multiplied) > top-k > top-p; token from the softmax of the scores");
+  EXPECT_GT(doc["sampling"]["search"]["tried"].get<int>(), 0);
+}

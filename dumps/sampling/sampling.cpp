@@ -200,39 +200,54 @@ std::vector<float> torch_cumsum_f32(const std::vector<float>& x) {
 
 // ------------------------------------------------------------ processors
 
+using Pipeline = SamplerPipeline;
+
 // RepetitionPenaltyLogitsProcessor (logits_process.py lines 337-342):
 // score = gather(scores, input_ids); where(score < 0, score * penalty,
 // score / penalty); scattered back. Each id once, however often it occurs.
-// Under sampler-penalty-sign every seen logit is divided.
+// The other rules are the departures of SamplerPipeline::Penalty.
 void apply_repetition_penalty(std::vector<float>& scores, const std::vector<int64_t>& history, double penalty,
-                              bool wrong_sign) {
+                              Pipeline::Penalty rule) {
   const float pen = float(penalty);
-  const std::set<int64_t> seen(history.begin(), history.end());
-  for (int64_t id : seen) {
+  auto apply = [&](int64_t id) {
     if (id < 0 || id >= int64_t(scores.size()))
       throw Error("sampling: history token " + std::to_string(id) + " outside the vocabulary [0, " +
                   std::to_string(scores.size()) + ")");
     float& s = scores[size_t(id)];
-    s = (s < 0 && !wrong_sign) ? s * pen : s / pen;
+    switch (rule) {
+      case Pipeline::Penalty::Hf:
+      case Pipeline::Penalty::PerOccurrence: s = s < 0 ? s * pen : s / pen; break;
+      case Pipeline::Penalty::DivideAll: s = s / pen; break;
+      case Pipeline::Penalty::MultiplyAll: s = s * pen; break;
+      case Pipeline::Penalty::Inverted: s = s < 0 ? s / pen : s * pen; break;
+    }
+  };
+  if (rule == Pipeline::Penalty::PerOccurrence) {
+    for (int64_t id : history) apply(id);
+    return;
   }
+  for (int64_t id : std::set<int64_t>(history.begin(), history.end())) apply(id);
 }
 
 // TemperatureLogitsWarper (line 288): scores / temperature, float32.
-void apply_temperature(std::vector<float>& scores, double temperature) {
+void apply_temperature(std::vector<float>& scores, double temperature, bool multiply = false) {
   const float t = float(temperature);
-  for (float& s : scores) s = s / t;
+  for (float& s : scores) s = multiply ? s * t : s / t;
 }
 
 // TopKLogitsWarper (lines 509, 516): k = min(max(top_k, 1), V); removes the
 // scores strictly below the k-th largest, so ties with it are all kept.
-void apply_top_k(std::vector<float>& scores, int64_t top_k) {
-  const size_t k = size_t(std::min<int64_t>(std::max<int64_t>(top_k, 1), int64_t(scores.size())));
+// TopK::Exclusive removes the k-th too, TopK::OneMore cuts at the (k+1)-th.
+void apply_top_k(std::vector<float>& scores, int64_t top_k, Pipeline::TopK rule = Pipeline::TopK::Hf) {
+  const int64_t wanted = std::max<int64_t>(top_k, 1) + (rule == Pipeline::TopK::OneMore ? 1 : 0);
+  const size_t k = size_t(std::min<int64_t>(wanted, int64_t(scores.size())));
   if (k == 0) return;
   std::vector<float> sorted = scores;
   std::nth_element(sorted.begin(), sorted.begin() + (k - 1), sorted.end(), std::greater<float>());
   const float kth = sorted[k - 1];
+  const bool exclusive = rule == Pipeline::TopK::Exclusive;
   for (float& s : scores)
-    if (s < kth) s = kNegInf;
+    if (s < kth || (exclusive && s == kth)) s = kNegInf;
 }
 
 // TopPLogitsWarper (lines 454-460): sort ascending (torch.sort on CPU keeps
@@ -241,8 +256,9 @@ void apply_top_k(std::vector<float>& scores, int64_t top_k) {
 // torch compares a float32 tensor with a Python float); the last (top) entry
 // is always kept. sampler-top-p-off-by-one judges entry j by cumsum[j + 1]
 // (keeps the next lower token too), -fewer by cumsum[j - 1] (drops the token
-// whose mass crosses the threshold).
-void apply_top_p(std::vector<float>& scores, double top_p, const zoo::SamplerFaults& f) {
+// whose mass crosses the threshold); the other SamplerPipeline::TopP rules
+// compare with top_p itself or exempt no entry.
+void apply_top_p(std::vector<float>& scores, double top_p, Pipeline::TopP rule) {
   const size_t V = scores.size();
   if (V == 0) return;
   std::vector<size_t> order(V);
@@ -251,24 +267,26 @@ void apply_top_p(std::vector<float>& scores, double top_p, const zoo::SamplerFau
   std::vector<float> sorted(V);
   for (size_t j = 0; j < V; ++j) sorted[j] = scores[order[j]];
   const std::vector<float> cum = torch_cumsum_f32(softmax_f32(sorted));
-  const float threshold = float(1.0 - top_p);
+  const float threshold = rule == Pipeline::TopP::Complement ? float(top_p) : float(1.0 - top_p);
   auto cum_at = [&](size_t j, int shift) -> float {
     if (shift < 0) return j == 0 ? 0.0f : cum[j - 1];
     if (shift > 0) return cum[std::min(j + 1, V - 1)];
     return cum[j];
   };
-  const int shift = f.top_p_one_more ? 1 : f.top_p_one_fewer ? -1 : 0;
-  for (size_t j = 0; j + 1 < V; ++j)  // sorted_indices_to_remove[..., -1:] = 0
+  const int shift = rule == Pipeline::TopP::OneMore ? 1 : rule == Pipeline::TopP::OneFewer ? -1 : 0;
+  const size_t judged = rule == Pipeline::TopP::NoKeepOne ? V : V - 1;  // sorted_indices_to_remove[..., -1:] = 0
+  for (size_t j = 0; j < judged; ++j)
     if (cum_at(j, shift) <= threshold) scores[order[j]] = kNegInf;
 }
 
 // MinPLogitsWarper (lines 580-591): probs = softmax(scores); remove probs <
 // min_p * max(probs) (float32 product); the top score is always kept.
-void apply_min_p(std::vector<float>& scores, double min_p) {
+// MinP::Absolute compares with min_p itself.
+void apply_min_p(std::vector<float>& scores, double min_p, Pipeline::MinP rule = Pipeline::MinP::Hf) {
   if (scores.empty()) return;
   const std::vector<float> probs = softmax_f32(scores);
   const float top = *std::max_element(probs.begin(), probs.end());
-  const float threshold = float(min_p) * top;
+  const float threshold = rule == Pipeline::MinP::Absolute ? float(min_p) : float(min_p) * top;
   const size_t best = size_t(argmax_first(scores));
   for (size_t i = 0; i < scores.size(); ++i)
     if (i != best && probs[i] < threshold) scores[i] = kNegInf;
@@ -384,39 +402,75 @@ std::vector<float> softmax_f32(const std::vector<float>& x) {
   return e;
 }
 
-std::vector<float> process_scores(const SamplingParams& p, const std::vector<float>& next_logits,
-                                  const std::vector<int64_t>& history, const zoo::SamplerFaults& f) {
-  std::vector<float> scores = next_logits;
-  if (p.penalises()) apply_repetition_penalty(scores, history, p.repetition_penalty, f.penalty_sign);
-  if (!p.do_sample) return scores;  // greedy: processors only, no warpers (utils.py line 1178)
+// ------------------------------------------------------------ SamplerPipeline
 
-  // The warpers in HF's order, or in the order a sampler bug puts them.
-  enum class Stage { Temperature, TopK, TopP, MinP };
-  std::vector<Stage> order = {Stage::Temperature, Stage::TopK, Stage::TopP, Stage::MinP};
-  auto move_after = [&](Stage s, Stage anchor) {
-    order.erase(std::find(order.begin(), order.end(), s));
-    order.insert(std::find(order.begin(), order.end(), anchor) + 1, s);
+SamplerPipeline SamplerPipeline::from_faults(const zoo::SamplerFaults& f) {
+  SamplerPipeline s;
+  auto move_after = [&](Stage moved, Stage anchor) {
+    s.order.erase(std::find(s.order.begin(), s.order.end(), moved));
+    s.order.insert(std::find(s.order.begin(), s.order.end(), anchor) + 1, moved);
   };
   if (f.top_k_after_top_p) move_after(Stage::TopK, Stage::TopP);
   if (f.top_p_before_temperature) move_after(Stage::Temperature, Stage::TopP);
+  if (f.penalty_sign) s.penalty = Penalty::DivideAll;
+  if (f.temperature_twice) s.temperature = Temperature::Twice;
+  if (f.top_p_one_more) s.top_p = TopP::OneMore;
+  else if (f.top_p_one_fewer) s.top_p = TopP::OneFewer;
+  if (f.softmax_unfiltered) s.probs = Probs::RawLogits;
+  return s;
+}
 
-  for (Stage s : order) {
+bool SamplerPipeline::operator==(const SamplerPipeline& o) const {
+  return order == o.order && penalty == o.penalty && temperature == o.temperature && top_k == o.top_k &&
+         top_p == o.top_p && min_p == o.min_p && probs == o.probs;
+}
+
+const char* stage_name(SamplerPipeline::Stage s) {
+  switch (s) {
+    case SamplerPipeline::Stage::Penalty: return "repetition penalty";
+    case SamplerPipeline::Stage::Temperature: return "temperature";
+    case SamplerPipeline::Stage::TopK: return "top-k";
+    case SamplerPipeline::Stage::TopP: return "top-p";
+    case SamplerPipeline::Stage::MinP: return "min-p";
+  }
+  return "?";
+}
+
+bool stage_acts(const SamplingParams& p, SamplerPipeline::Stage s) {
+  switch (s) {
+    case SamplerPipeline::Stage::Penalty: return p.penalises();
+    case SamplerPipeline::Stage::Temperature: return p.scales();
+    case SamplerPipeline::Stage::TopK: return p.top_k_filters();
+    case SamplerPipeline::Stage::TopP: return p.top_p_filters();
+    case SamplerPipeline::Stage::MinP: return p.min_p_filters();
+  }
+  return false;
+}
+
+std::vector<float> process_scores(const SamplingParams& p, const std::vector<float>& next_logits,
+                                  const std::vector<int64_t>& history, const zoo::SamplerFaults& f) {
+  return process_scores(p, next_logits, history, SamplerPipeline::from_faults(f));
+}
+
+// Each stage acts only when its parameter asks for it; greedy decoding runs
+// the penalty alone, no warpers (utils.py line 1178: stage_acts).
+std::vector<float> process_scores(const SamplingParams& p, const std::vector<float>& next_logits,
+                                  const std::vector<int64_t>& history, const SamplerPipeline& pipeline) {
+  using Stage = SamplerPipeline::Stage;
+  std::vector<float> scores = next_logits;
+  for (Stage s : pipeline.order) {
+    if (!stage_acts(p, s)) continue;
     switch (s) {
-      case Stage::Temperature:
-        if (p.scales()) {
-          apply_temperature(scores, p.temperature);
-          if (f.temperature_twice) apply_temperature(scores, p.temperature);
-        }
+      case Stage::Penalty: apply_repetition_penalty(scores, history, p.repetition_penalty, pipeline.penalty); break;
+      case Stage::Temperature: {
+        using T = SamplerPipeline::Temperature;
+        const int times = pipeline.temperature == T::Never ? 0 : pipeline.temperature == T::Twice ? 2 : 1;
+        for (int i = 0; i < times; ++i) apply_temperature(scores, p.temperature, pipeline.temperature == T::Multiplied);
         break;
-      case Stage::TopK:
-        if (p.top_k_filters()) apply_top_k(scores, p.top_k);
-        break;
-      case Stage::TopP:
-        if (p.top_p_filters()) apply_top_p(scores, p.top_p, f);
-        break;
-      case Stage::MinP:
-        if (p.min_p_filters()) apply_min_p(scores, *p.min_p);
-        break;
+      }
+      case Stage::TopK: apply_top_k(scores, p.top_k, pipeline.top_k); break;
+      case Stage::TopP: apply_top_p(scores, p.top_p, pipeline.top_p); break;
+      case Stage::MinP: apply_min_p(scores, *p.min_p, pipeline.min_p); break;
     }
   }
   return scores;
@@ -425,6 +479,30 @@ std::vector<float> process_scores(const SamplingParams& p, const std::vector<flo
 std::vector<float> sample_probs(const std::vector<float>& scores, const std::vector<float>& next_logits,
                                 const zoo::SamplerFaults& f) {
   return softmax_f32(f.softmax_unfiltered ? next_logits : scores);
+}
+
+std::vector<float> sample_probs(const SamplingParams& p, const std::vector<float>& scores,
+                                const std::vector<float>& next_logits, const std::vector<int64_t>& history,
+                                const SamplerPipeline& pipeline) {
+  using Probs = SamplerPipeline::Probs;
+  switch (pipeline.probs) {
+    case Probs::Scores: return softmax_f32(scores);
+    case Probs::RawLogits: return softmax_f32(next_logits);
+    case Probs::Unfiltered: {
+      SamplerPipeline scaling = pipeline;  // the same penalty and temperature, no filter
+      scaling.order.clear();
+      for (SamplerPipeline::Stage s : pipeline.order)
+        if (s == SamplerPipeline::Stage::Penalty || s == SamplerPipeline::Stage::Temperature) scaling.order.push_back(s);
+      return softmax_f32(process_scores(p, next_logits, history, scaling));
+    }
+    case Probs::RawKept: {
+      std::vector<float> kept = next_logits;
+      for (size_t i = 0; i < kept.size() && i < scores.size(); ++i)
+        if (!std::isfinite(scores[i])) kept[i] = kNegInf;
+      return softmax_f32(kept);
+    }
+  }
+  return softmax_f32(scores);
 }
 
 int64_t pick_inverse_cdf(const std::vector<float>& probs, float u) {

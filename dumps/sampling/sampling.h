@@ -86,6 +86,71 @@ void set_manifest_sampling(Manifest& m, const SamplingParams& p, int seq = -1);
 // reduced by a halving tree, then e * (1 / sum). -inf gives exactly 0.
 std::vector<float> softmax_f32(const std::vector<float>& x);
 
+// A sampler's pipeline: the processors of HF's pipeline in some order, each
+// by some rule, and the scores the token is drawn from. The default is HF's
+// (the order above, every rule HF's); the zoo's sampler bugs are single
+// departures from it (from_faults), and compare/sampler_search.h searches
+// the space of them for the pipeline a candidate's sampler runs.
+struct SamplerPipeline {
+  enum class Stage : uint8_t { Penalty, Temperature, TopK, TopP, MinP };
+  // RepetitionPenaltyLogitsProcessor: HF multiplies a negative seen logit by
+  // the penalty and divides a positive one, each id once.
+  enum class Penalty : uint8_t {
+    Hf,
+    DivideAll,      // every seen logit divided (negative ones raised)
+    MultiplyAll,    // every seen logit multiplied (positive ones raised)
+    Inverted,       // negative divided, positive multiplied (repetition rewarded)
+    PerOccurrence,  // HF's rule once per occurrence of the id in the history
+  };
+  enum class Temperature : uint8_t { Once, Never, Twice, Multiplied };
+  // TopKLogitsWarper: HF removes the scores strictly below the k-th largest.
+  enum class TopK : uint8_t {
+    Hf,
+    Exclusive,  // removes the k-th too (scores <= the k-th): k - 1 kept
+    OneMore,    // the (k+1)-th largest is the cut-off: k + 1 kept
+  };
+  // TopPLogitsWarper: HF removes ascending-sorted entries whose cumulative
+  // probability is <= 1 - top_p, the top one always kept.
+  enum class TopP : uint8_t {
+    Hf,
+    OneMore,     // entry j judged by cumsum[j + 1]: the next lower token kept too
+    OneFewer,    // entry j judged by cumsum[j - 1]: the token crossing the threshold removed
+    Complement,  // compared with top_p instead of 1 - top_p: a mass of about 1 - top_p kept
+    NoKeepOne,   // the top entry not exempt: every token may be removed
+  };
+  // MinPLogitsWarper: HF removes probs < min_p x the top probability.
+  enum class MinP : uint8_t {
+    Hf,
+    Absolute,  // probs < min_p, not scaled by the top probability
+  };
+  // The distribution the token is drawn from.
+  enum class Probs : uint8_t {
+    Scores,      // HF: softmax(processed scores)
+    RawLogits,   // softmax(next_logits): every processor ignored in the draw
+    Unfiltered,  // softmax of the penalised and scaled scores, the filters ignored in the draw
+    RawKept,     // softmax(next_logits) over the kept ids: penalty and temperature ignored in the draw
+  };
+
+  std::vector<Stage> order = {Stage::Penalty, Stage::Temperature, Stage::TopK, Stage::TopP, Stage::MinP};
+  Penalty penalty = Penalty::Hf;
+  Temperature temperature = Temperature::Once;
+  TopK top_k = TopK::Hf;
+  TopP top_p = TopP::Hf;
+  MinP min_p = MinP::Hf;
+  Probs probs = Probs::Scores;
+
+  // The pipeline of the zoo's sampler bugs `f` (all false: HF's).
+  static SamplerPipeline from_faults(const zoo::SamplerFaults& f);
+  bool operator==(const SamplerPipeline& o) const;
+  bool operator!=(const SamplerPipeline& o) const { return !(*this == o); }
+};
+
+// Stage names as the reports say them: "repetition penalty", "temperature",
+// "top-k", "top-p", "min-p".
+const char* stage_name(SamplerPipeline::Stage s);
+// Whether stage `s` acts under `p` (SamplingParams::penalises() ...).
+bool stage_acts(const SamplingParams& p, SamplerPipeline::Stage s);
+
 // The logits processors of HF's pipeline (above) on `next_logits` [V]:
 // `history` is generate's running input_ids, the prompt and every token drawn
 // before this step (every token fed to the engine up to this step). Returns
@@ -95,10 +160,19 @@ std::vector<float> softmax_f32(const std::vector<float>& x);
 std::vector<float> process_scores(const SamplingParams& p, const std::vector<float>& next_logits,
                                   const std::vector<int64_t>& history, const zoo::SamplerFaults& faults = {});
 
+// The same processors in `pipeline`'s order, each by its rule.
+std::vector<float> process_scores(const SamplingParams& p, const std::vector<float>& next_logits,
+                                  const std::vector<int64_t>& history, const SamplerPipeline& pipeline);
+
 // The distribution the token is drawn from: softmax(scores), or under the
 // sampler-softmax-unfiltered bug softmax(next_logits).
 std::vector<float> sample_probs(const std::vector<float>& scores, const std::vector<float>& next_logits,
                                 const zoo::SamplerFaults& faults = {});
+// The distribution `pipeline` draws from, given the scores it processed
+// (`scores` = process_scores(p, next_logits, history, pipeline)).
+std::vector<float> sample_probs(const SamplingParams& p, const std::vector<float>& scores,
+                                const std::vector<float>& next_logits, const std::vector<int64_t>& history,
+                                const SamplerPipeline& pipeline);
 
 // Inverse-CDF draw: the smallest id whose float32 cumulative probability,
 // summed in ascending id order (c += probs[i]), exceeds u. When rounding
