@@ -27,8 +27,10 @@ bool BisectResult::sampler_fails() const { return sampling && sampling->verdict 
 
 std::string verdict_headline(const Finding& f, bool ok, size_t compared, bool noise_floor,
                              std::optional<size_t> local_recomputed, const std::string& localised_at,
-                             bool sampler_fails, const std::string& flipped_at) {
-  const std::string sampler = sampler_fails ? "; the sampler fails its check" : "";
+                             bool sampler_fails, const std::string& flipped_at, const std::string& sampler_finding) {
+  const std::string sampler =
+      sampler_fails ? "; the sampler fails its check" + (sampler_finding.empty() ? "" : " (" + sampler_finding + ")")
+                    : "";
   if (ok && !flipped_at.empty())
     return "No divergence beyond routing flips at near-ties: the names that diverge do so after " + flipped_at +
            ", no local failure" + sampler;
@@ -45,7 +47,8 @@ std::string headline(const BisectResult& r) {
   return verdict_headline(r.finding, r.ok(), r.global.tensors.size(), r.noise_floor,
                           r.local.ran ? std::optional<size_t>(r.local.sites.size()) : std::nullopt,
                           r.localised_at().value_or(""), r.sampler_fails(),
-                          r.flips_explain && !r.routing_flips.empty() ? r.routing_flips.front() : "");
+                          r.flips_explain && !r.routing_flips.empty() ? r.routing_flips.front() : "",
+                          r.sampling ? sampling_finding(*r.sampling) : "");
 }
 
 void note_routing_flips(BisectResult& r) {

@@ -71,10 +71,12 @@ std::string headline(const BisectResult& r);
 // The same from its parts (`merge` has them as JSON): `local_recomputed`
 // nullopt when no local errors were computed.
 // `flipped_at`: the first routing flip at a near-tie that explains the
-// divergences after it ("" when none).
+// divergences after it ("" when none); `sampler_finding`: what explains the
+// sampler's failure (compare/sampling_check.h sampling_finding; "" when nothing).
 std::string verdict_headline(const Finding& f, bool ok, size_t compared, bool noise_floor,
                              std::optional<size_t> local_recomputed, const std::string& localised_at,
-                             bool sampler_fails, const std::string& flipped_at = "");
+                             bool sampler_fails, const std::string& flipped_at = "",
+                             const std::string& sampler_finding = "");
 
 // Expert choices that differ from the reference's only at near-ties: one
 // note per routing site (the comparison's judgement); with every op right on

@@ -80,7 +80,8 @@ std::string merged_headline(const json& m) {
                           m.at("compared").get<size_t>(), m.value("criterion", "") == "noise-floor",
                           local.is_object() ? std::optional<size_t>(local.value("recomputed", size_t(0)))
                                             : std::nullopt,
-                          str_or_empty(m, "localised_at"), sampler_fails);
+                          str_or_empty(m, "localised_at"), sampler_fails, "",
+                          m.contains("sampling") && m["sampling"].is_object() ? m["sampling"].value("finding", "") : "");
 }
 
 }  // namespace

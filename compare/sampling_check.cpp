@@ -503,6 +503,7 @@ nlohmann::json sampling_check_to_json(const SamplingCheck& c) {
                         : c.verdict == SamplingCheck::Verdict::Fail ? "fail"
                                                                     : "nothing to check";
   json j = {{"verdict", verdict},
+            {"finding", sampling_finding(c)},
             {"checked_steps", c.checked_steps()},
             {"failing_steps", c.failing_steps()},
             {"sequences", json::array()},

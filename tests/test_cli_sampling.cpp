@@ -116,4 +116,10 @@ TEST(CliSampling, ASamplerPipelineOutsideTheZooIsNamed) {
   EXPECT_EQ(doc["sampling"]["pipelines"][0]["pipeline"],
             "repetition penalty > temperature (multiplied) > top-k > top-p; token from the softmax of the scores");
   EXPECT_GT(doc["sampling"]["search"]["tried"].get<int>(), 0);
+  // The headline says it, as every format does.
+  EXPECT_NE(doc["headline"].get<std::string>().find("; the sampler fails its check (the sampler's pipeline: scores "
+                                                    "multiplied by the temperature instead of divided"),
+            std::string::npos)
+      << doc["headline"];
+  EXPECT_EQ(doc["sampling"]["finding"].get<std::string>().rfind("the sampler's pipeline: ", 0), 0u);
 }
