@@ -18,15 +18,15 @@ using testing::run_cli;
 // HF's prefill of llama-gqa with layer 1's attention probabilities (head
 // major), its feed-forward and the logits kept for rows {1, 3} only.
 std::string subset_golden(const std::string& stem, const std::vector<int64_t>& rows, float perturb = 0,
-                          bool declared = true) {
+                          bool declared = true, bool cut_probs = true) {
   const DumpFile hf(testing::golden_dump("llama-gqa", "prefill"));
   MemoryDump out("subset");
   out.mutable_manifest() = hf.manifest();
   for (const std::string& n : hf.names()) {
     TensorData t = hf.get(n);
     const std::string site = parse_name(n).site;
-    const bool cut = n.find("layers.1.mlp") != std::string::npos || n.find("layers.1.attn.probs") != std::string::npos ||
-                     n == "step0.logits";
+    const bool cut = n.find("layers.1.mlp") != std::string::npos ||
+                     (cut_probs && n.find("layers.1.attn.probs") != std::string::npos) || n == "step0.logits";
     if (cut) t = select_rows(t, rows, *token_axis(site));
     if (cut && perturb != 0 && n == "step0.layers.1.mlp.down") t.f[3] += perturb;
     t.rows.clear();
@@ -102,27 +102,34 @@ TEST(CliRows, MalformedRowListIsAnInputError) {
 // disagree on their row count are read as they are.
 TEST(CliRows, UndeclaredLastRowsAreReadAsARowSubset) {
   const std::string model = testing::golden_model("llama-gqa");
-  const std::string pruned = subset_golden("rows-last-undeclared", {5, 6}, 0, false);
+  const std::string pruned = subset_golden("rows-last-undeclared", {5, 6}, 0, false, false);
   auto r = run_cli({"bisect", "--model", model, pruned, "--json"});
   ASSERT_EQ(r.code, 0) << r.out.substr(0, 3000) << r.error;
   nlohmann::json j = nlohmann::json::parse(r.out);
   bool noted = false;
   for (const auto& n : j["notes"])
     noted = noted || n.get<std::string>() ==
-                         "step0: 7 tensors hold the last 2 of the step's 7 rows, without step0.rows: compared as that "
+                         "step0: 6 tensors hold the last 2 of the step's 7 rows, without step0.rows: compared as that "
                          "row subset";
   EXPECT_TRUE(noted) << j["notes"].dump();
 
-  const std::string bad = subset_golden("rows-last-undeclared-bad", {5, 6}, 0.5f, false);
+  const std::string bad = subset_golden("rows-last-undeclared-bad", {5, 6}, 0.5f, false, false);
   r = run_cli({"bisect", "--model", model, bad, "--json"});
   ASSERT_EQ(r.code, 1) << r.error;
   j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["localised_at"], "step0.layers.1.mlp.down");
 
   // Not the last rows: rows {1, 3} read as the last two disagree with the reference there.
-  const std::string inner = subset_golden("rows-13-undeclared", {1, 3}, 0, false);
+  const std::string inner = subset_golden("rows-13-undeclared", {1, 3}, 0, false, false);
   r = run_cli({"bisect", "--model", model, inner, "--json"});
   EXPECT_EQ(r.code, 1) << r.error;
+  // An attention cut short is no output pruning: read as it is, a length finding.
+  const std::string attention = subset_golden("rows-last-undeclared-probs", {5, 6}, 0, false, true);
+  r = run_cli({"bisect", "--model", model, attention, "--json"});
+  ASSERT_EQ(r.code, 1) << r.error;
+  j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["localised_at"], "step0.layers.1.attn.probs");
+  EXPECT_TRUE(j["notes"].empty() || j["notes"].dump().find("without step0.rows") == std::string::npos) << j["notes"];
 }
 
 }  // namespace

@@ -96,6 +96,8 @@ InferredRowsView::InferredRowsView(const TensorSource& src) : src_(src), names_(
     int64_t tokens = -1;  // T (step{N}.tokens [T])
     std::set<int64_t> lengths;
     int shorter = 0;
+    int last_layer = -1;      // the step's last layer
+    bool pruned_shape = true;  // every shorter tensor is where output pruning cuts
   };
   std::map<std::string, Step> steps;  // by the step's rows name
   auto rows_of = [](const std::string& name, std::string* prefix, CanonName* c) {
@@ -119,15 +121,33 @@ InferredRowsView::InferredRowsView(const TensorSource& src) : src_(src), names_(
     const std::string rn = rows_of(n, &prefix, &c);
     auto st = rn.empty() ? steps.end() : steps.find(rn);
     if (st == steps.end() || st->second.tokens < 2) continue;
+    if (c.kind == CanonName::Kind::Layer) st->second.last_layer = std::max(st->second.last_layer, c.layer);
+  }
+  // Output pruning cuts after the last layer's attention: its feed-forward
+  // (and the norm before it), its output, and what follows the layers. A
+  // shorter tensor anywhere else (an attention, an earlier layer) is read as
+  // it is: a length finding, not a subset.
+  for (const std::string& n : names_) {
+    std::string prefix;
+    CanonName c;
+    const std::string rn = rows_of(n, &prefix, &c);
+    auto st = rn.empty() ? steps.end() : steps.find(rn);
+    if (st == steps.end() || st->second.tokens < 2) continue;
     const std::optional<int> axis = token_axis(c.site);
     if (!axis) continue;
     const Shape sh = src.shape(n);
     if (int(sh.size()) <= *axis || sh[size_t(*axis)] >= st->second.tokens) continue;
     st->second.lengths.insert(sh[size_t(*axis)]);
     ++st->second.shorter;
+    const std::optional<Site> site = find_site(c.site);
+    // (llama.cpp selects the output rows after o_proj, before the residual add.)
+    const bool after_attention = c.kind == CanonName::Kind::Layer && c.layer == st->second.last_layer &&
+                                 (c.site.rfind("attn", 0) != 0 || c.site == "attn.out" || c.site == "attn_residual");
+    const bool after_layers = c.kind == CanonName::Kind::Step && site && site_info(*site).scope == SiteScope::AfterLayers;
+    if (!after_attention && !after_layers) st->second.pruned_shape = false;
   }
   for (const auto& [rn, st] : steps) {
-    if (st.lengths.size() != 1 || src.has(rn)) continue;
+    if (st.lengths.size() != 1 || !st.pruned_shape || src.has(rn)) continue;
     const int64_t R = *st.lengths.begin(), T = st.tokens;
     if (R < 1) continue;
     std::vector<int64_t> rows(static_cast<size_t>(R));

@@ -39,13 +39,15 @@ TensorData rows_like(TensorData full, const TensorData& part);
 
 // A candidate read with the row lists it left out: a step whose per-token
 // tensors hold fewer entries along the token axis than the step's tokens,
-// all the same number R, and no step{N}.rows, is read as holding its last R
-// rows (llama.cpp's output pruning, written by a tool that does not declare
-// the rows): step{N}.rows = [T-R, ..., T-1] is added and attached to those
-// tensors, which are then compared with the reference's same rows (equal
-// within the floor: a row subset; not: a divergence there, as any). Steps
-// that declare their rows, or whose shorter tensors disagree on R, are read
-// as they are.
+// all the same number R, all where llama.cpp's output pruning cuts (the last
+// layer after its attention's o_proj, and what follows the layers), and no
+// step{N}.rows, is read as holding its last R rows (that pruning, written by
+// a tool that does not declare the rows): step{N}.rows = [T-R, ..., T-1] is
+// added and attached to those tensors, which are then compared with the
+// reference's same rows (equal within the floor: a row subset; not: a
+// divergence there, as any). Steps that declare their rows, whose shorter
+// tensors disagree on R, or that have a shorter tensor elsewhere (an
+// attention, an earlier layer: a length finding) are read as they are.
 class InferredRowsView final : public TensorSource {
  public:
   explicit InferredRowsView(const TensorSource& src);
