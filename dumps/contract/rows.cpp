@@ -92,59 +92,57 @@ TensorData rows_like(TensorData full, const TensorData& part) {
 InferredRowsView::InferredRowsView(const TensorSource& src) : src_(src), names_(src.names()) {
   // Per step: the step's token count, and the lengths its shorter per-token tensors have.
   struct Step {
-    std::string prefix;   // "" or "seq{b}."
     int64_t tokens = -1;  // T (step{N}.tokens [T])
     std::set<int64_t> lengths;
     int shorter = 0;
-    int last_layer = -1;      // the step's last layer
+    int last_layer = -1;       // the step's last layer
     bool pruned_shape = true;  // every shorter tensor is where output pruning cuts
   };
-  std::map<std::string, Step> steps;  // by the step's rows name
-  auto rows_of = [](const std::string& name, std::string* prefix, CanonName* c) {
-    const size_t pre = sequence_prefix_length(name);
-    *c = parse_name(name.substr(pre));
-    *prefix = name.substr(0, pre);
-    if (c->kind != CanonName::Kind::Step && c->kind != CanonName::Kind::Layer) return std::string();
-    return *prefix + step_name(c->step, Site::Rows);
+  // Each name parsed once, with the rows name of its step ("" outside the steps).
+  struct Parsed {
+    const std::string* name;
+    CanonName c;
+    std::string rows;
   };
+  std::vector<Parsed> parsed;
   for (const std::string& n : names_) {
-    std::string prefix;
-    CanonName c;
-    const std::string rn = rows_of(n, &prefix, &c);
-    if (rn.empty() || c.kind != CanonName::Kind::Step || c.site != site_name(Site::Tokens)) continue;
-    const Shape sh = src.shape(n);
-    if (sh.size() == 1) steps[rn].tokens = sh[0], steps[rn].prefix = prefix;
+    const size_t pre = sequence_prefix_length(n);
+    Parsed p{&n, parse_name(n.substr(pre)), ""};
+    if (p.c.kind == CanonName::Kind::Step || p.c.kind == CanonName::Kind::Layer)
+      p.rows = n.substr(0, pre) + step_name(p.c.step, Site::Rows);
+    parsed.push_back(std::move(p));
   }
-  for (const std::string& n : names_) {
-    std::string prefix;
-    CanonName c;
-    const std::string rn = rows_of(n, &prefix, &c);
-    auto st = rn.empty() ? steps.end() : steps.find(rn);
-    if (st == steps.end() || st->second.tokens < 2) continue;
-    if (c.kind == CanonName::Kind::Layer) st->second.last_layer = std::max(st->second.last_layer, c.layer);
+  std::map<std::string, Step> steps;  // by the step's rows name
+  for (const Parsed& p : parsed) {
+    if (p.rows.empty() || p.c.kind != CanonName::Kind::Step || p.c.site != site_name(Site::Tokens)) continue;
+    const Shape sh = src.shape(*p.name);
+    if (sh.size() == 1) steps[p.rows].tokens = sh[0];
   }
+  auto step_of = [&](const Parsed& p) -> Step* {
+    auto st = p.rows.empty() ? steps.end() : steps.find(p.rows);
+    return st == steps.end() || st->second.tokens < 2 ? nullptr : &st->second;
+  };
+  for (const Parsed& p : parsed)
+    if (Step* st = step_of(p); st && p.c.kind == CanonName::Kind::Layer) st->last_layer = std::max(st->last_layer, p.c.layer);
   // Output pruning cuts after the last layer's attention: its feed-forward
   // (and the norm before it), its output, and what follows the layers. A
   // shorter tensor anywhere else (an attention, an earlier layer) is read as
   // it is: a length finding, not a subset.
-  for (const std::string& n : names_) {
-    std::string prefix;
-    CanonName c;
-    const std::string rn = rows_of(n, &prefix, &c);
-    auto st = rn.empty() ? steps.end() : steps.find(rn);
-    if (st == steps.end() || st->second.tokens < 2) continue;
-    const std::optional<int> axis = token_axis(c.site);
+  for (const Parsed& p : parsed) {
+    Step* st = step_of(p);
+    const std::optional<int> axis = st ? token_axis(p.c.site) : std::nullopt;
     if (!axis) continue;
-    const Shape sh = src.shape(n);
-    if (int(sh.size()) <= *axis || sh[size_t(*axis)] >= st->second.tokens) continue;
-    st->second.lengths.insert(sh[size_t(*axis)]);
-    ++st->second.shorter;
+    const Shape sh = src.shape(*p.name);
+    if (int(sh.size()) <= *axis || sh[size_t(*axis)] >= st->tokens) continue;
+    st->lengths.insert(sh[size_t(*axis)]);
+    ++st->shorter;
+    const CanonName& c = p.c;
     const std::optional<Site> site = find_site(c.site);
     // (llama.cpp selects the output rows after o_proj, before the residual add.)
-    const bool after_attention = c.kind == CanonName::Kind::Layer && c.layer == st->second.last_layer &&
+    const bool after_attention = c.kind == CanonName::Kind::Layer && c.layer == st->last_layer &&
                                  (c.site.rfind("attn", 0) != 0 || c.site == "attn.out" || c.site == "attn_residual");
     const bool after_layers = c.kind == CanonName::Kind::Step && site && site_info(*site).scope == SiteScope::AfterLayers;
-    if (!after_attention && !after_layers) st->second.pruned_shape = false;
+    if (!after_attention && !after_layers) st->pruned_shape = false;
   }
   for (const auto& [rn, st] : steps) {
     if (st.lengths.size() != 1 || !st.pruned_shape || src.has(rn)) continue;
