@@ -547,8 +547,7 @@ void find_rope_angle_precision(Found& f, const TensorData& c, const TensorData& 
     return v;
   };
   const std::string& dtype = cand.manifest().dtype;
-  const std::optional<bool> out16 = dtype == "bfloat16" ? std::optional<bool>(true)
-                                    : dtype == "float16" ? std::optional<bool>(false) : std::nullopt;
+  const int out16 = dtype == "bfloat16" ? 1 : dtype == "float16" ? 2 : 0;  // the engine's 16-bit type, if any
   const std::vector<float> exact = table(0, false);
   const int64_t n = T * D;
   double num_s = 0, den_s = 0;
@@ -564,7 +563,7 @@ void find_rope_angle_precision(Found& f, const TensorData& c, const TensorData& 
     for (bool bf16 : {true, false}) {
       std::vector<float> h = table(variant, bf16);
       for (float& x : h) x = float(double(x) * scaling);
-      if (out16) for (float& x : h) x = g16(x, *out16);  // a 16-bit engine's table is stored in its type
+      if (out16) for (float& x : h) x = g16(x, out16 == 1);  // a 16-bit engine's table is stored in its type
       const double e = rmse(c.f.data(), h.data(), n);
       if (!best || e < best->rmse) best = Try{variant, bf16, e};
     }
