@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 
 #include "compare/layout.h"
 #include "compare/noise_floor.h"
@@ -630,6 +631,66 @@ void find_norm_input_precision(Found& f, const TensorData& c, const TensorData& 
                                   (found->bf16 ? "bfloat16" : "float16") + " before the norm reproduces the candidate "
                                   "(rmse " + num(found->rmse) + " against that, " + num(f.err) +
                                   " against the reference): the residual stream cast to 16 bits for the norm");
+}
+
+void find_softmax_precision(Found& f, const TensorData& c, const TensorSource& cand, const TensorSource& ref) {
+  const CanonName& cn = f.cn;
+  if (cn.site != "attn.probs" || cn.kind != CanonName::Kind::Layer || c.shape.size() != 3) return;
+  const std::string scores_name = layer_name(cn.step, cn.layer, "attn.scores"), mask_name = step_name(cn.step, "mask");
+  const TensorSource* mask_src = cand.has(mask_name) ? &cand : ref.has(mask_name) ? &ref : nullptr;
+  if (!cand.has(scores_name) || !mask_src) return;
+  const TensorData sc = cand.get(scores_name), mk = mask_src->get(mask_name);
+  const int64_t H = c.shape[0], T = c.shape[1], S = c.shape[2];
+  if (sc.shape != c.shape || mk.shape != Shape{T, S} || sc.is_int) return;
+  const std::vector<float> mask = mk.floats();
+  enum Variant { Input, InputOutput, Whole };
+  auto g16 = [](float x, bool bf16) { return bf16 ? bf16_to_f32(f32_to_bf16(x)) : f16_to_f32(f32_to_f16(x)); };
+  auto softmax = [&](Variant v, bool bf16) {
+    std::vector<float> out(size_t(H * T * S), 0.0f);
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        const float* x = sc.f.data() + (h * T + t) * S;
+        float* y = out.data() + (h * T + t) * S;
+        float m = -std::numeric_limits<float>::infinity();
+        for (int64_t s = 0; s < S; ++s)
+          if (mask[size_t(t * S + s)] != 0.0f) m = std::max(m, g16(x[s], bf16));
+        float sum = 0;
+        for (int64_t s = 0; s < S; ++s) {
+          if (mask[size_t(t * S + s)] == 0.0f) continue;
+          float e = std::exp(g16(x[s], bf16) - m);
+          if (v == Whole) e = g16(e, bf16);
+          y[s] = e;
+          sum = v == Whole ? g16(sum + e, bf16) : sum + e;
+        }
+        for (int64_t s = 0; s < S; ++s) {
+          const float p = y[s] / sum;
+          y[s] = v == Input ? p : g16(p, bf16);
+        }
+      }
+    return out;
+  };
+  struct Try {
+    Variant v;
+    bool bf16;
+    double rmse;
+  };
+  std::optional<Try> best;
+  const int64_t n = H * T * S;
+  for (Variant v : {Input, InputOutput, Whole})
+    for (bool bf16 : {false, true}) {
+      const std::vector<float> h = softmax(v, bf16);
+      const double e = rmse(c.f.data(), h.data(), n);
+      if (!best || e < best->rmse - 1e-12) best = Try{v, bf16, e};
+    }
+  if (!best || !(best->rmse <= 0.1 * f.err)) return;
+  const std::string type = best->bf16 ? "bfloat16" : "float16";
+  const std::string what = best->v == Input         ? "its scores rounded to " + type + " before it"
+                           : best->v == InputOutput ? "its scores and its output rounded to " + type
+                                                    : "every step of it (the scores, exp, the running sum, the "
+                                                      "division) in " + type;
+  f.add_decisive("precision", "the softmax of the candidate's own scores with " + what +
+                                  " reproduces the candidate (rmse " + num(best->rmse) + " against that, " +
+                                  num(f.err) + " against the reference): a softmax computed in 16 bits");
 }
 
 }  // namespace llmdiff::compare::sig

@@ -70,6 +70,11 @@ void find_rope_angle_precision(Found& f, const TensorData& c, const TensorData& 
 // the candidate.
 void find_norm_input_precision(Found& f, const TensorData& c, const TensorData& r, const TensorSource& cand,
                                const TensorSource& ref, const std::optional<ModelConfig>& cfg);
+// `attn.probs`: the softmax of the candidate's own scores (and the step's
+// mask) computed in float16 or bfloat16 — the scores rounded before it, its
+// output rounded too, or every step of it (exp, sum, division) in that type —
+// reproduces the candidate.
+void find_softmax_precision(Found& f, const TensorData& c, const TensorSource& cand, const TensorSource& ref);
 // The projection with its weight transposed reproduces the candidate.
 void find_transposed_weight(Found& f, const TensorData& c, const TensorSource& cand, const LocalOracle& oracle);
 

@@ -168,8 +168,6 @@ std::vector<ErrorSignature> error_signatures(const std::string& name, const Tens
   if (err > 0) sig::find_rope_angle_precision(found, c, r, cand, ref);
   if (found.has_decisive()) return out;
   if (err <= kExact * scale) return out;  // nothing to explain
-  sig::find_norm_input_precision(found, c, r, cand, ref, cfg);
-  if (found.has_decisive()) return out;
   const CanonName& cn = found.cn;
   auto add = [&](const std::string& kind, const std::string& detail, double left) { found.add(kind, detail, left); };
 
@@ -182,6 +180,10 @@ std::vector<ErrorSignature> error_signatures(const std::string& name, const Tens
                                         "formula error");
     return out;
   }
+  // ... or an op computed from a 16-bit input (or in 16 bits throughout).
+  sig::find_norm_input_precision(found, c, r, cand, ref, cfg);
+  sig::find_softmax_precision(found, c, cand, ref);
+  if (found.has_decisive()) return out;
 
   // scale: global, then per head, then per channel or row.
   const double k = fit_scale(c.f.data(), r.f.data(), n);

@@ -9,6 +9,8 @@
 //             the step's positions read from the dumps); or an RMSNorm
 //             (attn_norm, mlp_norm, final_norm) of its input rounded to one
 //             of them (the weight read off the reference's input and output);
+//             or attn.probs as the softmax of the candidate's own scores in
+//             16 bits (its input, input and output, or every step rounded);
 //  - scale:   candidate ~ c x reference, globally, per head or per row;
 //             c recognised against common factors (sqrt(D), sqrt(Dh),
 //             1/sqrt(Dh), Dh, 1/Dh, their MLA forms);

@@ -458,6 +458,30 @@ std::vector<SignatureCase> signature_cases(const bisect::ModelOracles& m, const 
                          for (int64_t j = 0; j < D; ++j) t.f[size_t(r * D + j)] = w[size_t(j)] * (x[size_t(r * D + j)] * k);
                        }
                      }});
+  // A softmax in float16 throughout (exp, the running sum, the division),
+  // from HF's own scores and mask.
+  if (!bf16)
+    cases.push_back({"step0.layers.0.attn.probs", "precision", "every step of it (the scores, exp, the running sum, "
+                     "the division) in float16", [](TensorData& t, const TensorSource& g) {
+                       const TensorData sc = g.get("step0.layers.0.attn.scores"), mk = g.get("step0.mask");
+                       const int64_t H = t.shape[0], T = t.shape[1], S = t.shape[2];
+                       auto h16 = [](float x) { return f16_to_f32(f32_to_f16(x)); };
+                       for (int64_t h = 0; h < H; ++h)
+                         for (int64_t r = 0; r < T; ++r) {
+                           const float* x = sc.f.data() + (h * T + r) * S;
+                           float* y = t.f.data() + (h * T + r) * S;
+                           float m = -1e30f, sum = 0;
+                           for (int64_t k = 0; k < S; ++k)
+                             if (mk.f[size_t(r * S + k)] != 0) m = std::max(m, h16(x[k]));
+                           for (int64_t k = 0; k < S; ++k) {
+                             y[k] = 0;
+                             if (mk.f[size_t(r * S + k)] == 0) continue;
+                             y[k] = h16(std::exp(h16(x[k]) - m));
+                             sum = h16(sum + y[k]);
+                           }
+                           for (int64_t k = 0; k < S; ++k) y[k] = h16(y[k] / sum);
+                         }
+                     }});
   // o_proj's [out, in] data read as [in, out] (x W instead of x W^T), from HF's own attn.ctx.
   cases.push_back({"step0.layers.0.attn.out", "transposed-weight", "weight matrix transposed",
                    [&m, bf16](TensorData& t, const TensorSource& g) {
