@@ -225,6 +225,34 @@ bool ImplHypothesisRunner::acts_in(const std::string& bug, const Scenario& sc) c
   return !info || !info->needs_padding || sc.left_pad > 0;
 }
 
+// A bug acting only on calls with cached positions starts at call 1 when
+// the candidate recorded every layer's caches of call 0 at the length the
+// scenario says (contiguous, as ImplEngine::resume reads them).
+int ImplHypothesisRunner::replay_start(const compare::Hypothesis& h, const Scenario& sc,
+                                       const TensorSource& cand) const {
+  const zoo::BugInfo* info = zoo::find_bug(h.bug);
+  if (!info || !info->needs_cached_positions || sc.steps.size() < 2 || sc.left_pad > 0 ||
+      !sc.cached_prefix.empty() || !sc.layers.whole() || !sc.rollback.empty() || sc.sampling)
+    return 0;
+  const int start = 1;
+  const ModelConfig& c = model_.config;
+  const int64_t S = int64_t(sc.steps[0].size());
+  std::vector<Site> sites{Site::AttnKCache, Site::AttnVCache};
+  if (c.mla.enabled) {
+    sites.push_back(Site::AttnLatentCache);
+    sites.push_back(Site::AttnKPeCache);
+  }
+  for (int layer = 0; layer < int(c.num_hidden_layers); ++layer)
+    for (Site site : sites) {
+      const std::string name = layer_name(start - 1, layer, site);
+      if (!cand.has(name)) return 0;
+      const Shape shape = cand.shape(name);
+      const int key_axis = site_info(site).key_axis;
+      if (int(shape.size()) <= key_axis || shape[size_t(key_axis)] != S) return 0;
+    }
+  return start;
+}
+
 std::vector<std::pair<std::string, std::string>> ImplHypothesisRunner::inapplicable() const {
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto& info : zoo::all_bugs()) {

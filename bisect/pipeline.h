@@ -74,6 +74,7 @@ class ImplHypothesisRunner : public compare::HypothesisRunner {
   std::string parameter(const std::string& bug) const override;
   std::string description(const std::string& bug) const override;
   bool acts_in(const std::string& bug, const Scenario& sc) const override;
+  int replay_start(const compare::Hypothesis& h, const Scenario& sc, const TensorSource& cand) const override;
   std::unique_ptr<compare::HypothesisRunner> with_threads(int threads) const override;
 
  private:

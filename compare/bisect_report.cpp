@@ -101,6 +101,7 @@ json hypothesis_json(const HypothesisEvidence& e) {
                    {"focus_agree", e.replay_focus_agree},
                    {"focus_rmse", json_num(e.replay_focus_rmse)},
                    {"focus_threshold", json_num(e.replay_focus_threshold)},
+                   {"from_step", e.replay_from_step},
                    {"first_disagreement", e.replay_first_disagreement.empty() ? json(nullptr)
                                                                               : json(e.replay_first_disagreement)}};
   if (e.local_tested)

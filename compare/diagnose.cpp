@@ -131,6 +131,8 @@ std::string replay_summary(const HypothesisEvidence& e, const std::string& focus
     s += "; " + focus + ": rmse " + num(e.replay_focus_rmse) + (e.replay_focus_agree ? " <= " : " > ") +
          num(e.replay_focus_threshold);
   if (!e.replay_first_disagreement.empty()) s += "; first disagreement " + e.replay_first_disagreement;
+  if (e.replay_from_step > 0)
+    s += "; run from step " + std::to_string(e.replay_from_step) + " on the candidate's caches of the calls before it";
   return s;
 }
 
@@ -162,10 +164,21 @@ struct Context {
 void replay_evidence(const Context& cx, HypothesisEvidence& e) {
   const DiagnoseInputs& in = cx.in;
   const TensorComparison* focus = in.global->find(cx.global_focus);
+  // A hypothesis that changes no call before the first divergent one starts
+  // there, on the candidate's own caches (the calls before it match the
+  // reference, so the clean model's would be theirs): no prefill run again.
+  Scenario sc = in.scenario;
+  if (!cx.global_focus.empty()) {
+    const int start = in.runner->replay_start(e.hypothesis, in.scenario, *in.cand);
+    if (start > 0 && start <= parse_name(cx.global_focus).step) {
+      sc.resume = {start, in.cand};
+      e.replay_from_step = start;
+    }
+  }
   if (focus && in.cand->has(cx.global_focus)) {
     std::unique_ptr<MemoryDump> probe;
     try {
-      probe = in.runner->run(e.hypothesis, in.scenario, {cx.global_focus});
+      probe = in.runner->run(e.hypothesis, sc, {cx.global_focus});
     } catch (const Error& err) {
       e.summary = "replay with " + e.hypothesis.str() + " failed: " + err.what();
       return;
@@ -186,7 +199,7 @@ void replay_evidence(const Context& cx, HypothesisEvidence& e) {
   }
   std::unique_ptr<MemoryDump> run;
   try {
-    run = in.runner->run(e.hypothesis, in.scenario, cx.cand_names);
+    run = in.runner->run(e.hypothesis, sc, cx.cand_names);
   } catch (const Error& err) {
     e.summary = "replay with " + e.hypothesis.str() + " failed: " + err.what();
     return;

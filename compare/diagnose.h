@@ -60,6 +60,11 @@ class HypothesisRunner {
   // Whether the bug can change anything in `sc` (one that acts only on a
   // left-padded row does nothing without padding: not worth a replay).
   virtual bool acts_in(const std::string& bug, const Scenario& sc) const { return true; }
+  // The first forward call of `sc` a replay of `h` needs to run: a later one
+  // than 0 when `h` changes no call before it and `cand` holds the caches
+  // the calls before it left, which the run then starts from (teacher-forced:
+  // Scenario::resume). 0: the replay runs every call.
+  virtual int replay_start(const Hypothesis& h, const Scenario& sc, const TensorSource& cand) const { return 0; }
   // A copy of the runner on `threads` threads (nullptr: it cannot be split).
   virtual std::unique_ptr<HypothesisRunner> with_threads(int threads) const { return nullptr; }
 };
@@ -79,6 +84,9 @@ struct HypothesisEvidence {
   std::string replay_first_disagreement;      // first name (canonical order) where the run differs
   double replay_log_error = 0;                // mean log10(rmse/threshold) over failing names (ranking)
   std::string replay_text;                    // the replay's numbers in one line ("" when not replayed)
+  // The first call the replay ran (> 0: the calls before it not run, their
+  // caches the candidate's own; HypothesisRunner::replay_start).
+  int replay_from_step = 0;
   // Not replayed: its ops recomputed at the first local failure leave it as
   // the reference's op does (it does not act there; the summary says so).
   bool screened_out = false;

@@ -2,11 +2,13 @@
 // through the one forward (impl/forward.h) on a contiguous KV cache, with
 // the engine features a single sequence has: a capacity, a ring cache, a
 // row of a left-padded batch, a shard of the layers.
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "dumps/base/errors.h"
+#include "dumps/contract/sites.h"
 #include "impl/impl_engine.h"
 
 namespace llmdiff::impl {
@@ -84,6 +86,7 @@ class ImplEngine final : public Engine {
   std::string kv_cache_json() const override { return store_.json(); }
 
   std::vector<float> forward(const std::vector<int64_t>& tokens, int step, Observer& obs) override;
+  void resume(const TensorSource& dump, int step) override;
 
  private:
   Forward fwd_;
@@ -134,6 +137,73 @@ std::vector<float> ImplEngine::forward(const std::vector<int64_t>& tokens, int s
   std::vector<float> next = fwd_.run(call, store_, obs);
   cached_ = S;
   return next;
+}
+
+// The caches `dump` recorded after call `step` - 1 (Engine::resume), into
+// the store's streams: keys and values from attn.k_cache / attn.v_cache
+// [H, S, D] to rows [S, H*D]; MLA's latent rows from attn.latent_cache
+// [S, Rkv] beside attn.k_pe_cache [S, Dr].
+void ImplEngine::resume(const TensorSource& dump, int step) {
+  const ModelConfig& c = fwd_.config();
+  if (step <= 0) throw UsageError("impl: resumes at a call after the first, not " + std::to_string(step));
+  if (cached_ != 0 || pad_ != 0 || !window_.whole() || store_.ring() > 0 || fwd_.ranks() != 1)
+    throw UsageError("impl: resumes a plain sequence only (no padding, shard, ring cache or ranks)");
+  auto read = [&](int layer, Site site) {
+    const std::string name = layer_name(step - 1, layer, site);
+    if (!dump.has(name)) throw MissingTensorError(dump.label(), name);
+    TensorData t = dump.get(name);
+    if (t.is_int) throw ShapeError(dump.label(), name, "float values", "integers");
+    return t;
+  };
+  int64_t S = -1;
+  auto check_rows = [&](const TensorData& t, int64_t rows, const std::string& what) {
+    if (S < 0) S = rows;
+    if (rows != S || rows <= 0)
+      throw ShapeError(dump.label(), what, std::to_string(S) + " cached positions", shape_str(t.shape));
+  };
+  for (int layer = 0; layer < int(c.num_hidden_layers); ++layer) {
+    for (KvStream stream : {KvStream::Key, KvStream::Value}) {
+      const int64_t width = store_.width(stream);
+      if (width == 0) continue;
+      const Site site = stream == KvStream::Key ? Site::AttnKCache : Site::AttnVCache;
+      const TensorData t = read(layer, site);  // [H, S, D]
+      const std::string name = layer_name(step - 1, layer, site);
+      if (t.shape.size() != 3 || t.shape[0] * t.shape[2] != width)
+        throw ShapeError(dump.label(), name, "[H, S, D] with H*D = " + std::to_string(width), shape_str(t.shape));
+      const int64_t H = t.shape[0], rows = t.shape[1], D = t.shape[2];
+      check_rows(t, rows, name);
+      std::vector<float> r(size_t(rows * width));  // [S, H*D]
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t p = 0; p < rows; ++p)
+          std::copy_n(t.f.data() + (h * rows + p) * D, D, r.data() + p * width + h * D);
+      KvAccess a;
+      a.T = a.context = rows;
+      store_.write(layer, stream, a, r.data());
+    }
+    if (const int64_t width = store_.width(KvStream::Latent); width > 0) {
+      const TensorData lat = read(layer, Site::AttnLatentCache), pe = read(layer, Site::AttnKPeCache);  // [S, Rkv], [S, Dr]
+      const std::string name = layer_name(step - 1, layer, Site::AttnLatentCache);
+      if (lat.shape.size() != 2 || pe.shape.size() != 2 || lat.shape[0] != pe.shape[0] ||
+          lat.shape[1] + pe.shape[1] != width)
+        throw ShapeError(dump.label(), name, "[S, Rkv] beside [S, Dr] with Rkv + Dr = " + std::to_string(width),
+                         shape_str(lat.shape) + " and " + shape_str(pe.shape));
+      const int64_t rows = lat.shape[0], R = lat.shape[1], Dr = pe.shape[1];
+      check_rows(lat, rows, name);
+      std::vector<float> r(size_t(rows * width));  // [S, Rkv + Dr]
+      for (int64_t p = 0; p < rows; ++p) {
+        std::copy_n(lat.f.data() + p * R, R, r.data() + p * width);
+        std::copy_n(pe.f.data() + p * Dr, Dr, r.data() + p * width + R);
+      }
+      KvAccess a;
+      a.T = a.context = rows;
+      store_.write(layer, KvStream::Latent, a, r.data());
+    }
+  }
+  if (S > capacity_)
+    throw UsageError("impl: KV cache capacity exceeded resuming " + dump.label() + " at call " +
+                     std::to_string(step) + ": " + std::to_string(S) + " cached positions > capacity " +
+                     std::to_string(capacity_));
+  cached_ = S;
 }
 
 }  // namespace

@@ -572,6 +572,15 @@ TEST(BisectFingerprints, KvOverwriteAndMaskSquareAreToldApart) {
           for (const compare::Fingerprint& f : r.diagnosis.fingerprints) own = own || (f.bug == bug && f.decisive);
           EXPECT_TRUE(own);
         }
+        // Both bugs change no call before the first decode step or later
+        // chunk: replayed from call 1 on the candidate's caches of call 0
+        // when it recorded them, from call 0 when it did not.
+        for (const compare::HypothesisEvidence& e : r.diagnosis.ranked)
+          if (e.hypothesis.bug == bug) {
+            EXPECT_TRUE(e.replayed);
+            EXPECT_TRUE(e.supported_by_replay) << e.summary;
+            EXPECT_EQ(e.replay_from_step, cand == full.get() ? 1 : 0) << e.summary;
+          }
       }
     }
   }

@@ -12,6 +12,7 @@
 #include "dumps/contract/engine.h"
 #include "dumps/base/errors.h"
 #include "dumps/contract/names.h"
+#include "dumps/contract/sites.h"
 #include "dumps/model/weights.h"
 #include "impl/impl_engine.h"
 #include "tests/support.h"
@@ -153,6 +154,68 @@ TEST(ImplGolden, KvCapacityOverflowIsAUsageError) {
   auto dflt = impl::make_impl_engine(model, {});
   EXPECT_THROW(dflt->forward(std::vector<int64_t>(129, 1), 0, none), UsageError);
   EXPECT_NO_THROW(dflt->forward(std::vector<int64_t>(128, 1), 0, none));
+}
+
+// A scenario resumed at call 1 from a dump's caches of call 0
+// (Scenario::resume) computes every later call exactly as the whole run
+// that recorded them, on dense, MoE and MLA models; on HF's caches, as HF.
+TEST(ImplGolden, ResumedFromADumpsCachesContinuesAsTheWholeRun) {
+  for (const std::string& name : testing::golden_models()) {
+    SCOPED_TRACE(name);
+    const Model model = Model::load(golden_model(name));
+    DumpFile hf(golden_dump(name, "decode"));
+    const Scenario whole_sc = replay_scenario(hf);
+    ASSERT_GE(whole_sc.steps.size(), 2u);
+    MemoryDump whole = run_impl(model, hf, 2);
+    Scenario sc = whole_sc;
+    sc.resume = {1, &whole};
+    auto engine = impl::make_impl_engine(model, {});
+    MemoryDump resumed("resumed");
+    run_scenario(*engine, sc, resumed);
+    size_t later = 0;
+    for (const std::string& n : whole.names()) {
+      const CanonName c = parse_name(n);
+      if (c.kind != CanonName::Kind::Step && c.kind != CanonName::Kind::Layer) continue;
+      if (c.step < 1) {
+        EXPECT_FALSE(resumed.has(n)) << n << " is a call the resumed run does not make";
+        continue;
+      }
+      ASSERT_TRUE(resumed.has(n)) << n;
+      const TensorData a = resumed.get(n), b = whole.get(n);
+      ASSERT_EQ(a.shape, b.shape) << n;
+      if (b.is_int)
+        EXPECT_EQ(a.i, b.i) << n;
+      else
+        EXPECT_EQ(0, std::memcmp(a.f.data(), b.f.data(), a.f.size() * sizeof(float))) << n;
+      ++later;
+    }
+    EXPECT_GT(later, 0u);
+    // On HF's own caches: the later calls as HF computed them.
+    Scenario on_hf = whole_sc;
+    on_hf.resume = {1, &hf};
+    MemoryDump from_hf("from hf");
+    run_scenario(*impl::make_impl_engine(model, {}), on_hf, from_hf);
+    const std::string logits = step_name(int(whole_sc.steps.size()) - 1, Site::NextLogits);
+    ASSERT_TRUE(from_hf.has(logits));
+    EXPECT_LE(testing::nmse(from_hf.get(logits), hf.get(logits)), model.config.torch_dtype == "bfloat16" ? 1e-3 : 1e-10);
+  }
+  // A dump without a layer's cache cannot be resumed: the missing tensor named.
+  const Model model = Model::load(golden_model("llama-gqa"));
+  DumpFile hf(golden_dump("llama-gqa", "decode"));
+  MemoryDump cut("cut");
+  for (const std::string& n : hf.names())
+    if (n != layer_name(0, 1, Site::AttnVCache)) cut.put(hf.get(n));
+  Scenario sc = replay_scenario(hf);
+  sc.resume = {1, &cut};
+  MemoryDump out("out");
+  try {
+    run_scenario(*impl::make_impl_engine(model, {}), sc, out);
+    ADD_FAILURE() << "resumed without step0.layers.1.attn.v_cache";
+  } catch (const MissingTensorError& e) {
+    EXPECT_NE(std::string(e.what()).find("step0.layers.1.attn.v_cache"), std::string::npos) << e.what();
+  }
+  sc.left_pad = 2;
+  EXPECT_THROW(run_scenario(*impl::make_impl_engine(model, {}), sc, out), UsageError);
 }
 
 TEST(ImplGolden, RejectsBadTokens) {

@@ -156,6 +156,14 @@ std::vector<int64_t> run_scenario(Engine& engine, const Scenario& sc, Observer& 
     return s.token;
   };
   int step = 0;
+  if (sc.resume.step > 0) {
+    if (!sc.resume.dump || sc.resume.step >= int(sc.steps.size()) || sc.left_pad > 0 || shift ||
+        !sc.layers.whole() || !sc.rollback.empty() || sc.sampling)
+      throw UsageError("scenario '" + sc.name + "': resumes at call " + std::to_string(sc.resume.step) +
+                       " only as a plain run of its given calls, with the dump that recorded the ones before");
+    engine.resume(*sc.resume.dump, sc.resume.step);
+    step = sc.resume.step;
+  }
   for (; step < int(sc.steps.size()); ++step) {
     const std::vector<int64_t> tokens = fed_tokens(sc, step);
     std::vector<float> logits = engine.forward(tokens, step + shift, out);
@@ -171,7 +179,7 @@ std::vector<int64_t> run_scenario(Engine& engine, const Scenario& sc, Observer& 
     generated.push_back(pick(logits, step));
     ++step;
   }
-  if (sc.emit_generated && obs.wants("generated"))
+  if (sc.emit_generated && sc.resume.step == 0 && obs.wants("generated"))
     obs.on_i64("generated", {int64_t(generated.size())}, generated.data());
   return generated;
 }
@@ -185,6 +193,11 @@ std::vector<int64_t> fed_tokens(const Scenario& sc, int step) {
 void Engine::rollback(int64_t positions) {
   throw UsageError(producer() + ": does not roll back its KV cache (a speculative verify call's " +
                    std::to_string(positions) + " rejected positions)");
+}
+
+void Engine::resume(const TensorSource& dump, int step) {
+  throw UsageError(producer() + ": does not resume " + dump.label() + " at call " + std::to_string(step) +
+                   " from its caches");
 }
 
 void Engine::set_left_padding(int64_t pad) {

@@ -47,6 +47,20 @@ class Engine {
   // kept. Throws UsageError for an engine that does not roll back (the
   // default) or more positions than it holds.
   virtual void rollback(int64_t positions);
+  // Continues the sequence `dump` recorded after its forward call `step` - 1
+  // (teacher-forced): the cache is filled with that call's attn.k_cache and
+  // attn.v_cache of every layer, so that the next call is the dump's call
+  // `step`, at position S. Throws UsageError for an engine that cannot (the
+  // default), MissingTensorError or ShapeError for a dump without them.
+  virtual void resume(const TensorSource& dump, int step);
+};
+
+// A scenario started after its first calls (Scenario::resume): the calls
+// before `step` are not run; the engine's cache holds what `dump` recorded
+// after call `step` - 1 (Engine::resume). step 0: from the first call.
+struct Resume {
+  int step = 0;
+  const TensorSource* dump = nullptr;
 };
 
 struct Scenario {
@@ -82,6 +96,11 @@ struct Scenario {
   // Speculative verify calls: the positions rolled back after step n
   // (Engine::rollback), by step.
   std::map<int, int64_t> rollback;
+  // Start at a later call with the caches a dump recorded (a replay that
+  // changes nothing before that call): no name of an earlier call is
+  // reported, nor `generated`. Only for a plain scenario (no left padding,
+  // prefix-cache hit, shard, rollback or sampling).
+  Resume resume;
 };
 
 // --tokens 1,2,3 [--chunks 4,3] [--decode N]. Chunk sizes must add up to the

@@ -77,6 +77,7 @@ const std::vector<BugInfo>& all_bugs() {
       BugInfo& b = add(Bug::RopePositionReset, "rope-position-reset",
                        "positions restart at 0 in every forward call instead of continuing after the cache");
       b.fault = &Faults::position_reset;
+      b.needs_cached_positions = true;
       b.signature = Signature::PositionsRestart;
     }
     {
@@ -97,6 +98,7 @@ const std::vector<BugInfo>& all_bugs() {
       BugInfo& b = add(Bug::MaskSquare, "mask-square",
                        "causal mask built as if the call had no past: key s allowed iff s <= t");
       b.fault = &Faults::mask_square;
+      b.needs_cached_positions = true;
       b.signature = Signature::MaskIgnoresPast;
     }
     {
@@ -108,6 +110,7 @@ const std::vector<BugInfo>& all_bugs() {
       BugInfo& b = add(Bug::KvOverwrite, "kv-overwrite",
                        "replaces the KV cache with this call's K/V instead of appending");
       b.fault = &Faults::kv_overwrite;
+      b.needs_cached_positions = true;
       b.signature = Signature::CacheHoldsCallOnly;
     }
     {

@@ -193,6 +193,11 @@ struct BugInfo {
   // Acts only on a row of a left-padded batch (Scenario::left_pad > 0): a
   // run without padding is the clean model's, so no need to replay it there.
   bool needs_padding = false;
+  // Acts only on a forward call that attends to positions earlier calls
+  // cached (a decode step, a later chunk): every call before the first such
+  // one runs as the clean model's, so a replay may start there with the
+  // candidate's own caches (compare::HypothesisRunner::replay_start).
+  bool needs_cached_positions = false;
   // Acts only when the engine runs this serving feature (None: always).
   Feature feature = Feature::None;
   Signature signature = Signature::None;
