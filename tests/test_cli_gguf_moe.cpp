@@ -331,7 +331,7 @@ TEST(CliGgufMoe, MalformedExpertTensorsAreNamed) {
   struct Case {
     std::string what, names;
     std::function<bool(StoredTensor&)> edit;
-    std::function<void(std::map<std::string, GgufValue>&)> meta;
+    std::function<void(std::map<std::string, GgufValue>&)> meta = nullptr;
   };
   auto keep = [](StoredTensor&) { return true; };
   const std::vector<Case> cases = {
