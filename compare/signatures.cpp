@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "compare/metrics.h"
+#include "compare/attention_variants.h"
 #include "compare/signature_finders.h"
 #include "compare/noise_floor.h"
 #include "dumps/base/dtype.h"
@@ -183,6 +184,9 @@ std::vector<ErrorSignature> error_signatures(const std::string& name, const Tens
   // ... or an op computed from a 16-bit input (or in 16 bits throughout).
   sig::find_norm_input_precision(found, c, r, cand, ref, cfg);
   sig::find_softmax_precision(found, c, cand, ref);
+  if (found.has_decisive()) return out;
+  // attn.ctx: the attention recomputed from the candidate's own q, k, v.
+  sig::find_attention_variant(found, c, cand, ref, cfg);
   if (found.has_decisive()) return out;
 
   // scale: global, then per head, then per channel or row.

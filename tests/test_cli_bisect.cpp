@@ -482,6 +482,85 @@ std::vector<SignatureCase> signature_cases(const bisect::ModelOracles& m, const 
                            for (int64_t k = 0; k < S; ++k) y[k] = h16(y[k] / sum);
                          }
                      }});
+  // Attention done differently, seen at attn.ctx alone (an engine recorded
+  // by module hooks records nothing inside attention): HF's eager attention
+  // from its own rotated q (attn.q_rope) and grouped keys and values
+  // (attn.k_rep, attn.v_rep) with one change; GQA models.
+  if (!cfg.mla.enabled) {
+    // keys: 'k' HF's; 'v' keys and values swapped (the values rotated as
+    // keys, the keys' projection summed); 'p' q and k rotated on their first
+    // Dh/2 dims only (frequencies theta^(-2i/(Dh/2))).
+    auto attention = [bf16, &cfg](char keys, double scale, int64_t late) {
+      return [=, &cfg](TensorData& t, const TensorSource& g) {
+        const TensorData cos = g.get("step0.rope.cos"), sin = g.get("step0.rope.sin");
+        std::vector<float> q = g.get("step0.layers.0.attn.q_rope").f;    // [H, T, D]
+        std::vector<float> k = g.get("step0.layers.0.attn.k_rep").f;     // [H, S, D]
+        std::vector<float> val = g.get("step0.layers.0.attn.v_rep").f;   // [H, S, D]
+        const Shape vs = g.shape("step0.layers.0.attn.v_rep");
+        const int64_t H = vs[0], S = vs[1], D = vs[2], T = t.shape[0];
+        auto rotate = [&](float* x, int64_t pos, int64_t R, bool own) {  // rotate-half on the first R dims
+          std::vector<double> y(x, x + D);
+          for (int64_t i = 0; i < R / 2; ++i) {
+            const double a = double(pos) / std::pow(cfg.rope_theta, double(2 * i) / double(R));
+            const double c = own ? std::cos(a) : cos.f[size_t(pos * D + i)];
+            const double s = own ? std::sin(a) : sin.f[size_t(pos * D + i)];
+            y[size_t(i)] = x[i] * c - x[i + R / 2] * s;
+            y[size_t(i + R / 2)] = x[i + R / 2] * c + x[i] * s;
+          }
+          for (int64_t i = 0; i < D; ++i) x[i] = float(y[size_t(i)]);
+        };
+        // The projections (after Qwen3's q/k norms), head-major and grouped.
+        const bool normed = g.has("step0.layers.0.attn.q_norm");
+        const TensorData qp = g.get(normed ? "step0.layers.0.attn.q_norm" : "step0.layers.0.attn.q"),
+                         kp = g.get(normed ? "step0.layers.0.attn.k_norm" : "step0.layers.0.attn.k");
+        const int64_t Hkv = kp.shape[1] / D;
+        auto k_proj = [&](int64_t h, int64_t p) { return kp.f.data() + (p * Hkv + h / (H / Hkv)) * D; };
+        if (keys == 'v') {
+          std::swap(k, val);
+          for (int64_t h = 0; h < H; ++h)
+            for (int64_t p = 0; p < S; ++p) {
+              rotate(k.data() + (h * S + p) * D, p, D, false);
+              std::copy_n(k_proj(h, p), D, val.data() + (h * S + p) * D);
+            }
+        }
+        if (keys == 'p')
+          for (int64_t h = 0; h < H; ++h) {
+            for (int64_t p = 0; p < T; ++p) {
+              std::copy_n(qp.f.data() + (p * H + h) * D, D, q.data() + (h * T + p) * D);
+              rotate(q.data() + (h * T + p) * D, p, D / 2, true);
+            }
+            for (int64_t p = 0; p < S; ++p) {
+              std::copy_n(k_proj(h, p), D, k.data() + (h * S + p) * D);
+              rotate(k.data() + (h * S + p) * D, p, D / 2, true);
+            }
+          }
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t r = 0; r < T; ++r) {
+            const int64_t last = std::min(S - 1, S - T + r + late);  // the last key row r sees
+            std::vector<double> w(static_cast<size_t>(last + 1));
+            double top = -1e300, sum = 0;
+            for (int64_t p = 0; p <= last; ++p) {
+              double d = 0;
+              for (int64_t i = 0; i < D; ++i) d += double(q[size_t((h * T + r) * D + i)]) * k[size_t((h * S + p) * D + i)];
+              top = std::max(top, w[size_t(p)] = d * scale);
+            }
+            for (double& x : w) sum += x = std::exp(x - top);
+            for (int64_t i = 0; i < D; ++i) {
+              double acc = 0;
+              for (int64_t p = 0; p <= last; ++p) acc += w[size_t(p)] / sum * val[size_t((h * S + p) * D + i)];
+              t.f[size_t(r * H * D + h * D + i)] = bf16 ? bf16_to_f32(f32_to_bf16(float(acc))) : float(acc);
+            }
+          }
+      };
+    };
+    const double inv_sqrt = 1.0 / std::sqrt(double(Dh));
+    cases.push_back({"step0.layers.0.attn.ctx", "mask", "the causal mask one key late", attention('k', inv_sqrt, 1)});
+    cases.push_back({"step0.layers.0.attn.ctx", "scale", "scores q.k not scaled", attention('k', 1.0, 0)});
+    cases.push_back({"step0.layers.0.attn.ctx", "alias", "keys and values swapped", attention('v', inv_sqrt, 0)});
+    cases.push_back({"step0.layers.0.attn.ctx", "rope",
+                     "RoPE on the first R = " + std::to_string(Dh / 2) + " of " + std::to_string(Dh) + " dims",
+                     attention('p', inv_sqrt, 0)});
+  }
   // o_proj's [out, in] data read as [in, out] (x W instead of x W^T), from HF's own attn.ctx.
   cases.push_back({"step0.layers.0.attn.out", "transposed-weight", "weight matrix transposed",
                    [&m, bf16](TensorData& t, const TensorSource& g) {
