@@ -184,6 +184,9 @@ std::vector<ErrorSignature> error_signatures(const std::string& name, const Tens
   sig::find_norm_input_precision(found, c, r, cand, ref, cfg);
   sig::find_softmax_precision(found, c, cand, ref);
   if (found.has_decisive()) return out;
+  // RoPE over another width than the model's, from the candidate's own input.
+  sig::find_rotary_width(found, c, cand, ref, cfg);
+  if (found.has_decisive()) return out;
 
   // scale: global, then per head, then per channel or row.
   const double k = fit_scale(c.f.data(), r.f.data(), n);
