@@ -23,6 +23,7 @@
 #include "bisect/pipeline.h"
 #include "synth/synth.h"
 #include "compare/bisect_report.h"
+#include "compare/signatures.h"
 #include "dumps/model/config.h"
 #include "dumps/base/dtype.h"
 #include "dumps/base/errors.h"
@@ -651,6 +652,65 @@ INSTANTIATE_TEST_SUITE_P(AllGolden, BisectSignatures, ::testing::ValuesIn(golden
                              if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            return s;
                          });
+
+// The rotary width is named from a dump holding little more than the RoPE
+// output and its pre-rope input (tokens, positions, those two, each layer's
+// output, logits), and never when the RoPE is right on a wrong input (q and
+// q_rope, or MLA's kv_a and k_pe, both twice HF's: a scale, not a width).
+TEST(BisectSignatures, RotaryWidthFromACutDownDumpAndNotOnAWrongInput) {
+  for (const std::string model : {"llama-gqa", "deepseek-v3-mla"}) {
+    const bisect::ModelOracles& m = oracles(model);
+    DumpFile golden(golden_dump(model, "decode"));
+    int cases = 0;
+    for (const SignatureCase& c : signature_cases(m, golden)) {
+      if (c.kind != "rotary-width") continue;
+      ++cases;
+      SCOPED_TRACE(model + " " + c.name + " (" + c.detail + ")");
+      const bool mla = m.model.config.mla.enabled, is_q = c.name.find("attn.q_rope") != std::string::npos;
+      const std::string input = layer_name(0, 0, mla ? (is_q ? "attn.q" : "attn.kv_a") : is_q ? "attn.q" : "attn.k");
+      MemoryDump cand("transformed, cut down");
+      cand.mutable_manifest() = golden.manifest();
+      for (const auto& n : golden.names()) {
+        const CanonName cn = parse_name(n);
+        const bool keep = n == c.name || n == input || cn.kind == CanonName::Kind::Generated ||
+                          (cn.kind == CanonName::Kind::Step && (cn.site == "tokens" || cn.site == "positions" ||
+                                                                cn.site == "logits")) ||
+                          (cn.kind == CanonName::Kind::Layer && cn.site == "out");
+        if (!keep) continue;
+        TensorData t = golden.get(n);
+        if (n == c.name) c.change(t, golden);
+        cand.put(t);
+      }
+      ASSERT_TRUE(cand.has(input));
+      ASSERT_FALSE(cand.has(layer_name(0, 0, "attn_norm")));
+      BisectResult r = bisect::bisect_candidate(m, cand, BisectOptions{});
+      SCOPED_TRACE(describe(r));
+      EXPECT_EQ(r.exit_code(), 1);
+      EXPECT_EQ(r.localised_at().value_or(""), c.name);
+      EXPECT_EQ(r.finding.kind, compare::FindingKind::Signature) << compare::kind_name(r.finding.kind);
+      EXPECT_EQ(r.finding.signature.kind, "rotary-width");
+      EXPECT_NE(r.finding.signature.detail.find(c.detail), std::string::npos) << r.finding.signature.detail;
+    }
+    EXPECT_GE(cases, 2);
+    // The RoPE right, its input wrong: both sides twice HF's.
+    const bool mla = m.model.config.mla.enabled;
+    const std::string input = mla ? "step0.layers.0.attn.kv_a" : "step0.layers.0.attn.q",
+                      output = mla ? "step0.layers.0.attn.k_pe" : "step0.layers.0.attn.q_rope";
+    MemoryDump doubled("input and RoPE output doubled");
+    doubled.mutable_manifest() = golden.manifest();
+    for (const auto& n : golden.names()) {
+      TensorData t = golden.get(n);
+      if (n == input || n == output)
+        for (float& x : t.f) x *= 2.0f;
+      doubled.put(t);
+    }
+    const std::vector<compare::ErrorSignature> sigs =
+        compare::error_signatures(output, doubled, golden, m.model.config);
+    ASSERT_FALSE(sigs.empty());
+    EXPECT_EQ(sigs.front().kind, "scale") << sigs.front().detail;
+    for (const auto& g : sigs) EXPECT_NE(g.kind, "rotary-width") << g.detail;
+  }
+}
 
 // kv-overwrite and mask-square both change the decode mask; the cache length
 // tells them apart: each fingerprint fires on its own bug only, in full and
