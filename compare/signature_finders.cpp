@@ -112,6 +112,63 @@ std::vector<int64_t> block_permutation(const Found& f, int64_t n,
   return p;
 }
 
+// Each block of `Dh` dims (a head, or k_pe's row) in another order: its
+// RoPE pairs (in the last `Dr` dims, the rotated ones; 0: none) re-paired,
+// its halves swapped, its dims reversed. Whether one was found (and added).
+bool dims_permutation(Found& f, const TensorData& c, const TensorData& r, int64_t Dh, int64_t Dr,
+                      const std::string& unit) {
+  const int64_t n = int64_t(c.f.size());
+  if (Dh < 2 || Dh % 2 != 0 || n % Dh != 0) return false;
+  struct Way {
+    std::string what;
+    std::vector<float> v;
+  };
+  std::vector<Way> ways;
+  if (Dr >= 2 && Dr % 2 == 0 && Dr <= Dh) {
+    // The rotated dims of every block re-paired, the others as they are.
+    auto repair = [&](bool half_to_interleaved) {
+      std::vector<float> part;
+      part.reserve(size_t(n / Dh * Dr));
+      for (int64_t b = 0; b < n; b += Dh) part.insert(part.end(), c.f.begin() + b + Dh - Dr, c.f.begin() + b + Dh);
+      part = rope_repair(part.data(), int64_t(part.size()), Dr, half_to_interleaved);
+      std::vector<float> v(c.f);
+      for (int64_t b = 0, k = 0; b < n; b += Dh, k += Dr)
+        std::copy_n(part.begin() + k, Dr, v.begin() + b + Dh - Dr);
+      return v;
+    };
+    const std::string D = Dr == Dh ? "Dh" : "Dr";
+    const std::string where =
+        Dr == Dh && unit == "each head" ? ""
+        : Dr == Dh                      ? ", in the Dr = " + std::to_string(Dr) + " rope dims of " + unit
+                                        : ", in the Dr = " + std::to_string(Dr) + " rope dims of " + unit + " (its last " +
+                                              std::to_string(Dr) + " of " + std::to_string(Dh) + ")";
+    ways.push_back({"RoPE pairs interleaved (2i, 2i+1) where the reference pairs (i, i+" + D + "/2)" + where +
+                        ": re-paired interleaved->half it matches",
+                    repair(false)});
+    ways.push_back({"RoPE pairs as halves (i, i+" + D + "/2) where the reference interleaves (2i, 2i+1)" + where +
+                        ": re-paired half->interleaved it matches",
+                    repair(true)});
+  }
+  std::vector<float> swapped(c.f.size()), reversed(c.f.size());
+  for (int64_t b = 0; b < n; b += Dh)
+    for (int64_t d = 0; d < Dh; ++d) {
+      swapped[size_t(b + d)] = c.f[size_t(b + (d + Dh / 2) % Dh)];
+      reversed[size_t(b + d)] = c.f[size_t(b + Dh - 1 - d)];
+    }
+  ways.push_back({"the two halves of " + unit + " swapped (dims 0.." + std::to_string(Dh / 2 - 1) + " <-> " +
+                      std::to_string(Dh / 2) + ".." + std::to_string(Dh - 1) + ")",
+                  std::move(swapped)});
+  ways.push_back({unit == "each head" ? "each head's dims reversed" : "the dims of " + unit + " reversed",
+                  std::move(reversed)});
+  for (const Way& w : ways)
+    if (f.close(w.v.data(), r.f.data(), n)) {
+      f.add_decisive("permutation", "dims inside " + unit + " (" + (Dr == Dh && unit != "each head" ? "Dr" : "Dh") +
+                                        " = " + std::to_string(Dh) + ") in another order: " + w.what);
+      return true;
+    }
+  return false;
+}
+
 }  // namespace
 
 void find_length(Found& f, const TensorData& c, const TensorData& r) {
@@ -200,7 +257,6 @@ void find_axis_scale(Found& f, const TensorData& c, const TensorData& r) {
 
 void find_permutation(Found& f, const TensorData& c, const TensorData& r, const std::optional<ModelConfig>& cfg) {
   if (std::any_of(f.out.begin(), f.out.end(), [](const ErrorSignature& g) { return g.kind == "shift"; })) return;
-  const int64_t n = int64_t(c.f.size());
   // Heads in another order.
   if (std::optional<Heads> h = heads_of(f.cn.site, c.shape, cfg); h && h->H > 1) {
     auto block = [&](const TensorData& t, int64_t head) {
@@ -220,35 +276,16 @@ void find_permutation(Found& f, const TensorData& c, const TensorData& r, const 
     }
     // Each head's dims in another order.
     const int64_t Dh = h->dims;
-    if (Dh >= 2 && Dh % 2 == 0 && n % Dh == 0) {
-      struct Way {
-        std::string what;
-        std::vector<float> v;
-      };
-      std::vector<Way> ways;
-      ways.push_back({"RoPE pairs interleaved (2i, 2i+1) where the reference pairs (i, i+Dh/2): "
-                      "re-paired interleaved->half it matches",
-                      rope_repair(c.f.data(), n, Dh, false)});
-      ways.push_back({"RoPE pairs as halves (i, i+Dh/2) where the reference interleaves (2i, 2i+1): "
-                      "re-paired half->interleaved it matches",
-                      rope_repair(c.f.data(), n, Dh, true)});
-      std::vector<float> swapped(c.f.size()), reversed(c.f.size());
-      for (int64_t b = 0; b < n; b += Dh)
-        for (int64_t d = 0; d < Dh; ++d) {
-          swapped[size_t(b + d)] = c.f[size_t(b + (d + Dh / 2) % Dh)];
-          reversed[size_t(b + d)] = c.f[size_t(b + Dh - 1 - d)];
-        }
-      ways.push_back({"the two halves of each head swapped (dims 0.." + std::to_string(Dh / 2 - 1) + " <-> " +
-                          std::to_string(Dh / 2) + ".." + std::to_string(Dh - 1) + ")",
-                      std::move(swapped)});
-      ways.push_back({"each head's dims reversed", std::move(reversed)});
-      for (const Way& w : ways)
-        if (f.close(w.v.data(), r.f.data(), n)) {
-          f.add_decisive("permutation", "dims inside each head (Dh = " + std::to_string(Dh) + ") in another order: " +
-                                            w.what);
-          return;
-        }
-    }
+    const bool mla = cfg && cfg->mla.enabled;
+    // MLA rotates the last Dr dims of a q/k head only (its RoPE outputs in
+    // halves order); its other heads (values, context) have no RoPE pairs.
+    const bool mla_rope = mla && Dh == cfg->mla.qk_head_dim() &&
+                          (f.cn.site == "attn.q_rope" || f.cn.site == "attn.k_rope" || f.cn.site == "attn.k_cache");
+    if (dims_permutation(f, c, r, Dh, mla ? (mla_rope ? cfg->mla.qk_rope_head_dim : 0) : Dh, "each head")) return;
+  } else if (cfg && cfg->mla.enabled && (f.cn.site == "attn.k_pe" || f.cn.site == "attn.k_pe_cache") &&
+             c.shape.size() == 2 && c.shape[1] == cfg->mla.qk_rope_head_dim) {
+    // MLA's shared rope part [T, Dr]: all of it rotated.
+    if (dims_permutation(f, c, r, c.shape[1], c.shape[1], f.cn.site.substr(5))) return;
   }
   // Rows (positions) in another order.
   const bool rows3 = c.shape.size() == 3;
@@ -692,5 +729,210 @@ void find_softmax_precision(Found& f, const TensorData& c, const TensorSource& c
                                   " reproduces the candidate (rmse " + num(best->rmse) + " against that, " +
                                   num(f.err) + " against the reference): a softmax computed in 16 bits");
 }
+
+namespace {
+
+// How a RoPE rotates the dims it covers: rotate-half pairs (i, i+R/2),
+// adjacent pairs (2i, 2i+1) in place, or DeepSeek's rope_interleave (pairs
+// (2i, 2i+1) rotated and left in halves order).
+enum class Pairing { Halves, Interleaved, PairsToHalves };
+
+const char* pairing_words(Pairing p) {
+  switch (p) {
+    case Pairing::Halves: return "pairs (i, i+R/2)";
+    case Pairing::Interleaved: return "pairs (2i, 2i+1) in place";
+    case Pairing::PairsToHalves: return "pairs (2i, 2i+1) rotated into halves order";
+  }
+  return "";
+}
+
+// One RoPE output site and what it is computed from, in the output's layout:
+// rows of `width` values (a head's [T] rows for [H, T, Dw], a [T, Dr] k_pe),
+// row r at position index r % T; the RoPE of the reference rotates
+// [start, start + rotated) of each row.
+struct RopeSite {
+  std::vector<float> input;  // the pre-rope values, laid out as the output
+  int64_t width = 0, T = 0;
+  int64_t start = 0, rotated = 0;  // the reference's rotated part
+  Pairing pairing = Pairing::Halves;
+  bool mla = false, shared = false;  // MLA's rope dims; k_pe (one rope part for every head)
+};
+
+// The pre-rope values of a RoPE output site (the candidate's own, else the
+// reference's): attn.q / attn.k (Qwen3: attn.q_norm / attn.k_norm) for
+// attn.q_rope / attn.k_rope; on MLA the last Dr dims of attn.q's heads for
+// attn.q_rope and attn.kv_a's last Dr for attn.k_pe.
+std::optional<RopeSite> rope_site(const Found& f, const TensorData& c, const TensorSource& cand, const TensorSource& ref,
+                                  const ModelConfig& cfg) {
+  const CanonName& cn = f.cn;
+  if (cn.kind != CanonName::Kind::Layer || !c.rows.empty()) return std::nullopt;
+  const bool mla = cfg.mla.enabled;
+  const bool q = cn.site == "attn.q_rope", k = cn.site == (mla ? "attn.k_pe" : "attn.k_rope");
+  if (!q && !k) return std::nullopt;
+  std::string src = q ? "attn.q" : mla ? "attn.kv_a" : "attn.k";
+  if (!mla && cfg.qk_norm) src = q ? "attn.q_norm" : "attn.k_norm";
+  const std::string in_name = layer_name(cn.step, cn.layer, src);
+  const TensorSource* from = cand.has(in_name) ? &cand : ref.has(in_name) ? &ref : nullptr;
+  if (!from) return std::nullopt;
+  const TensorData x = from->get(in_name);
+  if (x.is_int || !x.rows.empty() || x.shape.size() != 2) return std::nullopt;
+  RopeSite s;
+  s.mla = mla;
+  s.pairing = mla && cfg.mla.rope_interleave ? Pairing::PairsToHalves : Pairing::Halves;
+  const int64_t Dr = cfg.mla.qk_rope_head_dim;
+  if (mla && k) {  // x [T, Rkv+Dr] -> [T, Dr]
+    const int64_t T = x.shape[0], Rkv = x.shape[1] - Dr;
+    if (c.shape != Shape{T, Dr} || Rkv < 0) return std::nullopt;
+    s.width = s.rotated = Dr;
+    s.T = T;
+    s.shared = true;
+    s.input.resize(size_t(T * Dr));
+    for (int64_t t = 0; t < T; ++t)
+      std::copy_n(x.f.begin() + t * (Rkv + Dr) + Rkv, Dr, s.input.begin() + t * Dr);
+    return s;
+  }
+  // x [T, H*Dw] -> [H, T, Dw]
+  if (c.shape.size() != 3) return std::nullopt;
+  const int64_t H = c.shape[0], T = c.shape[1], Dw = c.shape[2];
+  if (x.shape != Shape{T, H * Dw}) return std::nullopt;
+  s.width = Dw;
+  s.T = T;
+  s.rotated = mla ? Dr : Dw;
+  s.start = Dw - s.rotated;
+  if (s.rotated <= 0 || s.start < 0) return std::nullopt;
+  s.input.resize(size_t(H * T * Dw));
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t t = 0; t < T; ++t)
+      std::copy_n(x.f.begin() + (t * H + h) * Dw, Dw, s.input.begin() + (h * T + t) * Dw);
+  return s;
+}
+
+// The input with [start, start + R) of every row rotated at the angles
+// position x inv[i] (i < R/2), cos and sin times `scaling`, in float32 as HF.
+std::vector<float> rotate_part(const RopeSite& s, const std::vector<float>& pos, const std::vector<float>& inv,
+                               double scaling, int64_t start, int64_t R, Pairing pairing) {
+  const int64_t half = R / 2;
+  std::vector<float> cs(size_t(s.T * half)), sn(size_t(s.T * half));  // [T, R/2]
+  for (int64_t t = 0; t < s.T; ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = pos[size_t(t)] * inv[size_t(i)];
+      cs[size_t(t * half + i)] = float(double(std::cos(a)) * scaling);
+      sn[size_t(t * half + i)] = float(double(std::sin(a)) * scaling);
+    }
+  std::vector<float> y(s.input);
+  const int64_t rows = int64_t(y.size()) / s.width;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = s.input.data() + r * s.width + start;
+    float* o = y.data() + r * s.width + start;
+    const float* c = cs.data() + (r % s.T) * half;
+    const float* sv = sn.data() + (r % s.T) * half;
+    for (int64_t i = 0; i < half; ++i) {
+      // (a, b) the pair's two inputs, written to (ia, ib).
+      int64_t ia = i, ib = i + half;
+      float a = x[i], b = x[i + half];
+      if (pairing != Pairing::Halves) a = x[2 * i], b = x[2 * i + 1];
+      if (pairing == Pairing::Interleaved) ia = 2 * i, ib = 2 * i + 1;
+      o[ia] = a * c[i] - b * sv[i];
+      o[ib] = b * c[i] + a * sv[i];
+    }
+  }
+  return y;
+}
+
+}  // namespace
+
+void find_rotary_width(Found& f, const TensorData& c, const TensorSource& cand, const TensorSource& ref,
+                       const std::optional<ModelConfig>& cfg) {
+  if (!cfg || cfg->rope_theta <= 0) return;
+  const std::optional<RopeSite> s = rope_site(f, c, cand, ref, *cfg);
+  if (!s || s->rotated < 4) return;
+  const std::string pos_name = step_name(f.cn.step, "positions");
+  const TensorSource* pos_src = cand.has(pos_name) ? &cand : ref.has(pos_name) ? &ref : nullptr;
+  if (!pos_src) return;
+  const std::vector<float> pos = pos_src->get(pos_name).floats();
+  if (int64_t(pos.size()) != s->T) return;
+  const int64_t W = s->rotated;
+  // The model's own frequencies [W/2] (scaled as the reference's table) and
+  // the attention scaling folded into its cos (the reference's rope.cos).
+  auto theta_freqs = [&](int64_t R) {
+    std::vector<float> v(size_t(R / 2));
+    for (int64_t i = 0; i < R / 2; ++i) v[size_t(i)] = float(1.0 / std::pow(cfg->rope_theta, double(2 * i) / double(R)));
+    return v;
+  };
+  std::vector<float> full = theta_freqs(W);
+  if (ref.has("rope.inv_freq")) {
+    const TensorData inv = ref.get("rope.inv_freq");
+    if (!inv.is_int && int64_t(inv.f.size()) == W / 2) full = inv.f;
+  }
+  double scaling = 1.0;
+  if (const std::string cos_name = step_name(f.cn.step, "rope.cos"); ref.has(cos_name)) {
+    const TensorData table = ref.get(cos_name);  // [T, W]
+    if (!table.is_int && table.shape == Shape{s->T, W}) {
+      std::vector<float> exact(size_t(s->T * W));
+      for (int64_t t = 0; t < s->T; ++t)
+        for (int64_t i = 0; i < W; ++i) exact[size_t(t * W + i)] = std::cos(pos[size_t(t)] * full[size_t(i % (W / 2))]);
+      if (const double k = fit_scale(table.f.data(), exact.data(), s->T * W); k > 0) scaling = k;
+    }
+  }
+  const int64_t n = int64_t(c.f.size());
+  if (int64_t(s->input.size()) != n) return;
+  // The model's own RoPE from the candidate's own input: when it reproduces
+  // the candidate, the op is right and the error came in with its input.
+  const std::vector<float> right = rotate_part(*s, pos, full, scaling, s->start, W, s->pairing);
+  const double right_err = rmse(c.f.data(), right.data(), n);
+  if (f.close(c.f.data(), right.data(), n)) return;
+  // Widths: a quarter, a half, three quarters of the rotated dims, from
+  // their start; on MLA also Dr mis-set by a factor of 2, rotating the last
+  // Dr/2 or 2 Dr dims of each head (the split of q into nope and rope parts).
+  struct Try {
+    int64_t start, R;
+    bool theta;  // frequencies theta^(-2i/R), else the model's first R/2
+    Pairing pairing;
+    double rmse;
+  };
+  std::vector<std::pair<int64_t, int64_t>> spans;  // (start, R)
+  for (int64_t R : {W / 4, W / 2, 3 * W / 4})
+    if (R >= 2 && R % 2 == 0) spans.emplace_back(s->start, R);
+  if (s->mla && !s->shared) {
+    if (W / 2 >= 2 && W % 4 == 0) spans.emplace_back(s->width - W / 2, W / 2);
+    if (2 * W <= s->width) spans.emplace_back(s->width - 2 * W, 2 * W);
+  }
+  std::vector<Pairing> pairings = {Pairing::Halves, Pairing::Interleaved};
+  if (s->mla) pairings.push_back(Pairing::PairsToHalves);
+  std::optional<Try> best;
+  for (const auto& [start, R] : spans)
+    for (const bool theta : {true, false}) {
+      if (!theta && R > W) continue;
+      std::vector<float> inv = theta ? theta_freqs(R) : std::vector<float>(full.begin(), full.begin() + R / 2);
+      for (Pairing p : pairings) {
+        const std::vector<float> y = rotate_part(*s, pos, inv, scaling, start, R, p);
+        const double e = rmse(c.f.data(), y.data(), n);
+        if (f.close(c.f.data(), y.data(), n) && (!best || e < best->rmse)) best = Try{start, R, theta, p, e};
+      }
+    }
+  if (!best || !(best->rmse <= 0.1 * right_err)) return;
+  const Try& b = *best;
+  const std::string R = std::to_string(b.R), Ws = std::to_string(W), half = std::to_string(b.R / 2);
+  const std::string freqs = b.theta ? "frequencies theta^(-2i/" + R + ")"
+                                    : "frequencies the model's first " + half + " of " + std::to_string(W / 2) +
+                                          ", theta^(-2i/" + Ws + ")";
+  const std::string how = " (" + freqs + ", " + pairing_words(b.pairing) + ")";
+  const std::string unit = s->shared ? " of k_pe" : " of each head";
+  std::string d;
+  if (!s->mla) {
+    d = "RoPE applied to the first R = " + R + " of " + Ws + " dims" + unit + how + "; the reference rotates all " + Ws +
+        ": a partial rotary width" + (b.theta ? " (partial_rotary_factor " + num(double(b.R) / double(W)) + ")" : "") +
+        " where the model has none";
+  } else if (b.start == s->start) {
+    d = "RoPE applied to the first R = " + R + " of the Dr = " + Ws + " rope dims" + unit + how +
+        "; the reference rotates all " + Ws + ": a rotary width other than qk_rope_head_dim";
+  } else {
+    d = "RoPE applied to the last R = " + R + " dims" + unit + how + " where the reference rotates the Dr = " + Ws +
+        " rope dims (the last " + Ws + " of " + std::to_string(s->width) + "): qk_rope_head_dim taken as " + R;
+  }
+  f.add_decisive("rotary-width", d + " (rmse " + num(b.rmse) + " against that, " + num(f.err) +
+                                     " against the reference)");
+}
+
 
 }  // namespace llmdiff::compare::sig

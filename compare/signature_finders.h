@@ -75,6 +75,17 @@ void find_norm_input_precision(Found& f, const TensorData& c, const TensorData& 
 // output rounded too, or every step of it (exp, sum, division) in that type —
 // reproduces the candidate.
 void find_softmax_precision(Found& f, const TensorData& c, const TensorSource& cand, const TensorSource& ref);
+// RoPE output sites (attn.q_rope, attn.k_rope; MLA: attn.q_rope, attn.k_pe):
+// the candidate's own pre-rope input (attn.q / attn.k, Qwen3's q_norm /
+// k_norm, MLA's q heads and kv_a) rotated over another width R than the
+// model's (the first Dh/4, Dh/2 or 3Dh/4 of a head's dims, or of MLA's Dr
+// rope dims; on MLA also the last Dr/2 or 2 Dr dims of each head: Dr mis-set),
+// at frequencies theta^(-2i/R) or the model's first R/2, pairs as halves,
+// adjacent or DeepSeek's interleave, reproduces the candidate (the step's
+// positions; the reference's rope.inv_freq and its rope.cos's attention
+// scaling). Only when the model's own RoPE of that input does not.
+void find_rotary_width(Found& f, const TensorData& c, const TensorSource& cand, const TensorSource& ref,
+                       const std::optional<ModelConfig>& cfg);
 // The projection with its weight transposed reproduces the candidate.
 void find_transposed_weight(Found& f, const TensorData& c, const TensorSource& cand, const LocalOracle& oracle);
 

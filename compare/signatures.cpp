@@ -187,6 +187,8 @@ std::vector<ErrorSignature> error_signatures(const std::string& name, const Tens
   if (found.has_decisive()) return out;
   // attn.ctx: the attention recomputed from the candidate's own q, k, v.
   sig::find_attention_variant(found, c, cand, ref, cfg);
+  // RoPE over another width than the model's, from the candidate's own input.
+  sig::find_rotary_width(found, c, cand, ref, cfg);
   if (found.has_decisive()) return out;
 
   // scale: global, then per head, then per channel or row.

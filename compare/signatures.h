@@ -21,7 +21,14 @@
 //             v; the residual alone).
 //  - permutation: heads, rows or the dims inside each head in another order
 //             (the class named: reversed, rotated, RoPE pairs re-paired,
-//             halves swapped, or the permutation itself);
+//             halves swapped, or the permutation itself; on MLA the pairs
+//             re-paired in the Dr rope dims only: the last Dr of a q/k head,
+//             all of k_pe);
+//  - rotary-width: a RoPE output (attn.q_rope, attn.k_rope; MLA's
+//             attn.q_rope, attn.k_pe) is the candidate's own pre-rope input
+//             rotated over another width R than the model's (a partial
+//             rotary width, or MLA's Dr mis-set), R named with its
+//             frequencies (theta^(-2i/R) or the model's first R/2) and pairing;
 //  - length:  the sequence or cache length differs by k (and which part of
 //             the longer side matches the shorter);
 //  - mask:    the pattern of allowed (query, key) cells differs: no mask, the
@@ -47,8 +54,8 @@ namespace llmdiff::compare {
 
 struct ErrorSignature {
   std::string name;    // the tensor
-  std::string kind;    // "precision", "scale", "partial", "shift", "alias", "permutation", "length",
-                       // "mask", "elementwise", "transposed-weight", "non-finite"
+  std::string kind;    // "precision", "scale", "partial", "shift", "alias", "permutation", "rotary-width",
+                       // "length", "mask", "elementwise", "transposed-weight", "non-finite"
   std::string detail;  // one line with the numbers
   // How well it explains the error: the RMSE left after the explanation
   // over the RMSE before it (0: exactly; the smaller, the better).

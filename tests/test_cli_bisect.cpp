@@ -23,6 +23,7 @@
 #include "bisect/pipeline.h"
 #include "synth/synth.h"
 #include "compare/bisect_report.h"
+#include "compare/signatures.h"
 #include "dumps/model/config.h"
 #include "dumps/base/dtype.h"
 #include "dumps/base/errors.h"
@@ -561,6 +562,108 @@ std::vector<SignatureCase> signature_cases(const bisect::ModelOracles& m, const 
                      "RoPE on the first R = " + std::to_string(Dh / 2) + " of " + std::to_string(Dh) + " dims",
                      attention('p', inv_sqrt, 0)});
   }
+  // RoPE over another width than the model's, from HF's own pre-rope values
+  // (apply_rotary_pos_emb on x[..., start:start+R], the rest passed through;
+  // rotate_half pairs, GPT-J's adjacent pairs, or DeepSeek's pairs reordered
+  // to halves first), the angles position x inv_freq in float32.
+  enum class Pairs { Halves, Adjacent, ReorderedToHalves };
+  // x: rows of Dw values, row r at position pos[r % T].
+  auto rope_part = [bf16](std::vector<float> x, int64_t Dw, const std::vector<float>& pos, const std::vector<float>& inv,
+                          int64_t start, Pairs pairs) {
+    const int64_t T = int64_t(pos.size()), R = 2 * int64_t(inv.size());
+    for (size_t row = 0; row * size_t(Dw) < x.size(); ++row) {
+      float* v = x.data() + row * size_t(Dw) + start;
+      std::vector<float> in(v, v + R);
+      if (pairs == Pairs::ReorderedToHalves)  // cat(x[0::2], x[1::2])
+        for (int64_t i = 0; i < R / 2; ++i) in[size_t(i)] = v[2 * i], in[size_t(i + R / 2)] = v[2 * i + 1];
+      const float p = pos[row % size_t(T)];
+      for (int64_t i = 0; i < R; ++i) {
+        const int64_t fi = pairs == Pairs::Adjacent ? i / 2 : i % (R / 2);
+        const float cs = std::cos(p * inv[size_t(fi)]), sn = std::sin(p * inv[size_t(fi)]);
+        // rotate_half: (-x2, x1); adjacent: (-x[2i+1], x[2i])
+        const float rot = pairs == Pairs::Adjacent ? (i % 2 == 0 ? -in[size_t(i + 1)] : in[size_t(i - 1)])
+                                                   : (i < R / 2 ? -in[size_t(i + R / 2)] : in[size_t(i - R / 2)]);
+        const float y = in[size_t(i)] * cs + rot * sn;
+        v[i] = bf16 ? bf16_to_f32(f32_to_bf16(y)) : y;
+      }
+    }
+    return x;
+  };
+  auto theta_freqs = [&cfg](int64_t R) {  // HF's default inv_freq over R dims
+    std::vector<float> inv(size_t(R / 2));
+    for (int64_t i = 0; i < R / 2; ++i) inv[size_t(i)] = float(1.0 / std::pow(cfg.rope_theta, double(2 * i) / double(R)));
+    return inv;
+  };
+  // [T, H*Dw] -> [H, T, Dw]
+  auto heads_first = [](const TensorData& x, int64_t H) {
+    const int64_t T = x.shape[0], Dw = x.shape[1] / H;
+    std::vector<float> out(x.f.size());
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < T; ++t) std::copy_n(x.f.begin() + (t * H + h) * Dw, Dw, out.begin() + (h * T + t) * Dw);
+    return out;
+  };
+  if (!cfg.mla.enabled) {
+    // GPT-NeoX's partial rotary (partial_rotary_factor 0.5) on q; k rotated
+    // over its first Dh/4 dims in adjacent pairs at the model's own first
+    // Dh/8 frequencies (its rope.inv_freq, rope scaling included).
+    const std::string q_in = cfg.qk_norm ? "step0.layers.0.attn.q_norm" : "step0.layers.0.attn.q";
+    const std::string k_in = cfg.qk_norm ? "step0.layers.0.attn.k_norm" : "step0.layers.0.attn.k";
+    cases.push_back({"step0.layers.0.attn.q_rope", "rotary-width",
+                     "RoPE applied to the first R = " + std::to_string(Dh / 2) + " of " + std::to_string(Dh) +
+                         " dims of each head (frequencies theta^(-2i/" + std::to_string(Dh / 2) + "), pairs (i, i+R/2))"
+                         "; the reference rotates all " + std::to_string(Dh) + ": a partial rotary width "
+                         "(partial_rotary_factor 0.5)",
+                     [=](TensorData& t, const TensorSource& g) {
+                       const std::vector<float> pos = g.get("step0.positions").floats();
+                       t.f = rope_part(heads_first(g.get(q_in), cfg.num_attention_heads), Dh, pos, theta_freqs(Dh / 2),
+                                       0, Pairs::Halves);
+                     }});
+    cases.push_back({"step0.layers.0.attn.k_rope", "rotary-width",
+                     "RoPE applied to the first R = " + std::to_string(Dh / 4) + " of " + std::to_string(Dh) +
+                         " dims of each head (frequencies the model's first " + std::to_string(Dh / 8) + " of " +
+                         std::to_string(Dh / 2) + ", theta^(-2i/" + std::to_string(Dh) + "), pairs (2i, 2i+1) in place)",
+                     [=](TensorData& t, const TensorSource& g) {
+                       const std::vector<float> pos = g.get("step0.positions").floats(), inv = g.get("rope.inv_freq").f;
+                       t.f = rope_part(heads_first(g.get(k_in), cfg.num_key_value_heads), Dh, pos,
+                                       std::vector<float>(inv.begin(), inv.begin() + Dh / 8), 0, Pairs::Adjacent);
+                     }});
+  } else {
+    // MLA: qk_rope_head_dim taken as 2 Dr for q (its last 2 Dr dims rotated
+    // at theta^(-2i/2Dr)); k_pe rotated over its first Dr/2 dims only; q's
+    // rope dims left in adjacent pairs where HF's are in halves order.
+    const int64_t Dr = cfg.mla.qk_rope_head_dim, Hq = cfg.num_attention_heads;
+    const Pairs model = cfg.mla.rope_interleave ? Pairs::ReorderedToHalves : Pairs::Halves;
+    cases.push_back({"step0.layers.0.attn.q_rope", "rotary-width",
+                     "RoPE applied to the last R = " + std::to_string(2 * Dr) + " dims of each head (frequencies "
+                     "theta^(-2i/" + std::to_string(2 * Dr) + ")",
+                     [=](TensorData& t, const TensorSource& g) {
+                       const std::vector<float> pos = g.get("step0.positions").floats();
+                       t.f = rope_part(heads_first(g.get("step0.layers.0.attn.q"), Hq), Dh, pos, theta_freqs(2 * Dr),
+                                       Dh - 2 * Dr, model);
+                     }});
+    cases.push_back({"step0.layers.0.attn.k_pe", "rotary-width",
+                     "RoPE applied to the first R = " + std::to_string(Dr / 2) + " of the Dr = " + std::to_string(Dr) +
+                         " rope dims of k_pe (frequencies theta^(-2i/" + std::to_string(Dr / 2) + ")",
+                     [=](TensorData& t, const TensorSource& g) {
+                       const TensorData kv_a = g.get("step0.layers.0.attn.kv_a");  // [T, Rkv+Dr]
+                       const int64_t T = kv_a.shape[0], W = kv_a.shape[1];
+                       std::vector<float> x(size_t(T * Dr));
+                       for (int64_t r = 0; r < T; ++r) std::copy_n(kv_a.f.begin() + r * W + W - Dr, Dr, x.begin() + r * Dr);
+                       t.f = rope_part(x, Dr, g.get("step0.positions").floats(), theta_freqs(Dr / 2), 0, model);
+                     }});
+    cases.push_back({"step0.layers.0.attn.q_rope", "permutation",
+                     "RoPE pairs interleaved (2i, 2i+1) where the reference pairs (i, i+Dr/2), in the Dr = " +
+                         std::to_string(Dr) + " rope dims of each head",
+                     [=](TensorData& t, const TensorSource& g) {
+                       const TensorData r = g.get("step0.layers.0.attn.q_rope");  // [Hq, T, Dn+Dr], rope dims last
+                       for (size_t b = 0; b < t.f.size(); b += size_t(Dh))
+                         for (int64_t i = 0; i < Dr / 2; ++i) {
+                           const size_t at = b + size_t(Dh - Dr);
+                           t.f[at + size_t(2 * i)] = r.f[at + size_t(i)];
+                           t.f[at + size_t(2 * i + 1)] = r.f[at + size_t(i + Dr / 2)];
+                         }
+                     }});
+  }
   // o_proj's [out, in] data read as [in, out] (x W instead of x W^T), from HF's own attn.ctx.
   cases.push_back({"step0.layers.0.attn.out", "transposed-weight", "weight matrix transposed",
                    [&m, bf16](TensorData& t, const TensorSource& g) {
@@ -628,6 +731,65 @@ INSTANTIATE_TEST_SUITE_P(AllGolden, BisectSignatures, ::testing::ValuesIn(golden
                              if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            return s;
                          });
+
+// The rotary width is named from a dump holding little more than the RoPE
+// output and its pre-rope input (tokens, positions, those two, each layer's
+// output, logits), and never when the RoPE is right on a wrong input (q and
+// q_rope, or MLA's kv_a and k_pe, both twice HF's: a scale, not a width).
+TEST(BisectSignatures, RotaryWidthFromACutDownDumpAndNotOnAWrongInput) {
+  for (const std::string model : {"llama-gqa", "deepseek-v3-mla"}) {
+    const bisect::ModelOracles& m = oracles(model);
+    DumpFile golden(golden_dump(model, "decode"));
+    int cases = 0;
+    for (const SignatureCase& c : signature_cases(m, golden)) {
+      if (c.kind != "rotary-width") continue;
+      ++cases;
+      SCOPED_TRACE(model + " " + c.name + " (" + c.detail + ")");
+      const bool mla = m.model.config.mla.enabled, is_q = c.name.find("attn.q_rope") != std::string::npos;
+      const std::string input = layer_name(0, 0, mla ? (is_q ? "attn.q" : "attn.kv_a") : is_q ? "attn.q" : "attn.k");
+      MemoryDump cand("transformed, cut down");
+      cand.mutable_manifest() = golden.manifest();
+      for (const auto& n : golden.names()) {
+        const CanonName cn = parse_name(n);
+        const bool keep = n == c.name || n == input || cn.kind == CanonName::Kind::Generated ||
+                          (cn.kind == CanonName::Kind::Step && (cn.site == "tokens" || cn.site == "positions" ||
+                                                                cn.site == "logits")) ||
+                          (cn.kind == CanonName::Kind::Layer && cn.site == "out");
+        if (!keep) continue;
+        TensorData t = golden.get(n);
+        if (n == c.name) c.change(t, golden);
+        cand.put(t);
+      }
+      ASSERT_TRUE(cand.has(input));
+      ASSERT_FALSE(cand.has(layer_name(0, 0, "attn_norm")));
+      BisectResult r = bisect::bisect_candidate(m, cand, BisectOptions{});
+      SCOPED_TRACE(describe(r));
+      EXPECT_EQ(r.exit_code(), 1);
+      EXPECT_EQ(r.localised_at().value_or(""), c.name);
+      EXPECT_EQ(r.finding.kind, compare::FindingKind::Signature) << compare::kind_name(r.finding.kind);
+      EXPECT_EQ(r.finding.signature.kind, "rotary-width");
+      EXPECT_NE(r.finding.signature.detail.find(c.detail), std::string::npos) << r.finding.signature.detail;
+    }
+    EXPECT_GE(cases, 2);
+    // The RoPE right, its input wrong: both sides twice HF's.
+    const bool mla = m.model.config.mla.enabled;
+    const std::string input = mla ? "step0.layers.0.attn.kv_a" : "step0.layers.0.attn.q",
+                      output = mla ? "step0.layers.0.attn.k_pe" : "step0.layers.0.attn.q_rope";
+    MemoryDump doubled("input and RoPE output doubled");
+    doubled.mutable_manifest() = golden.manifest();
+    for (const auto& n : golden.names()) {
+      TensorData t = golden.get(n);
+      if (n == input || n == output)
+        for (float& x : t.f) x *= 2.0f;
+      doubled.put(t);
+    }
+    const std::vector<compare::ErrorSignature> sigs =
+        compare::error_signatures(output, doubled, golden, m.model.config);
+    ASSERT_FALSE(sigs.empty());
+    EXPECT_EQ(sigs.front().kind, "scale") << sigs.front().detail;
+    for (const auto& g : sigs) EXPECT_NE(g.kind, "rotary-width") << g.detail;
+  }
+}
 
 // kv-overwrite and mask-square both change the decode mask; the cache length
 // tells them apart: each fingerprint fires on its own bug only, in full and
