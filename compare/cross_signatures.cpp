@@ -1,7 +1,9 @@
 #include "compare/cross_signatures.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <tuple>
 
@@ -164,12 +166,13 @@ std::optional<ErrorSignature> sibling_signature(const std::string& at, const Can
   return std::nullopt;
 }
 
-// The forward calls' spans (P cached before, T tokens); greedy decode calls
-// after the given ones feed one token each.
+// The forward calls' spans (P cached before, T tokens), in the sequence's
+// own positions (a left-padded row's pads are masked keys, not counted);
+// greedy decode calls after the given ones feed one token each.
 std::vector<CallSpan> spans(const Scenario& sc) {
   std::vector<std::vector<int64_t>> steps = sc.steps;
   for (int d = 0; d < sc.decode; ++d) steps.push_back({0});
-  return call_spans(steps, int64_t(sc.cached_prefix.size()) + sc.left_pad, sc.rollback);
+  return call_spans(steps, int64_t(sc.cached_prefix.size()), sc.rollback);
 }
 
 // "T = 5", "T = 3, 2".
@@ -187,10 +190,11 @@ std::string t_values(const std::vector<int>& steps, const std::vector<CallSpan>&
 std::string calls_in_common(const std::vector<int>& failing, const std::vector<int>& passing, const Scenario& sc) {
   const std::vector<CallSpan> calls = spans(sc);
   auto all = [&](const std::vector<int>& steps, auto pred) {
-    return std::all_of(steps.begin(), steps.end(), [&](int s) { return s >= 0 && size_t(s) < calls.size() && pred(calls[size_t(s)], s); });
+    return std::all_of(steps.begin(), steps.end(),
+                       [&](int s) { return s >= 0 && size_t(s) < calls.size() && pred(calls[size_t(s)], s); });
   };
-  if (!all(failing, [](const CallSpan&, int) { return true; }) || !all(passing, [](const CallSpan&, int) { return true; }))
-    return "";
+  auto known = [](const CallSpan&, int) { return true; };  // a call of the scenario
+  if (!all(failing, known) || !all(passing, known)) return "";
   auto decode = [](const CallSpan& c, int) { return c.T == 1; };
   auto several = [](const CallSpan& c, int) { return c.T > 1; };
   // Speculative verify calls: those the dump reports drafts accepted for.
@@ -209,12 +213,17 @@ std::string calls_in_common(const std::vector<int>& failing, const std::vector<i
   if (all(failing, later_chunk) && all(passing, not_later_chunk) &&
       std::any_of(passing.begin(), passing.end(), [&](int s) { return first_chunk(calls[size_t(s)], s); }))
     return "every chunk of the prompt after the first (T > 1 with positions cached before it), never the first chunk";
-  // The keys a call attends to: S = P + T.
-  int64_t fail_lo = INT64_MAX, fail_hi = 0, pass_lo = INT64_MAX, pass_hi = 0;
-  for (int s : failing) fail_lo = std::min(fail_lo, calls[size_t(s)].P + calls[size_t(s)].T),
-                        fail_hi = std::max(fail_hi, calls[size_t(s)].P + calls[size_t(s)].T);
-  for (int s : passing) pass_lo = std::min(pass_lo, calls[size_t(s)].P + calls[size_t(s)].T),
-                        pass_hi = std::max(pass_hi, calls[size_t(s)].P + calls[size_t(s)].T);
+  // The keys a call attends to: S = P + T, their range over the failing and the passing calls.
+  auto keys = [&](const std::vector<int>& steps) {
+    std::pair<int64_t, int64_t> range{std::numeric_limits<int64_t>::max(), 0};
+    for (int s : steps) {
+      const int64_t S = calls[size_t(s)].P + calls[size_t(s)].T;
+      range = {std::min(range.first, S), std::max(range.second, S)};
+    }
+    return range;
+  };
+  const auto [fail_lo, fail_hi] = keys(failing);
+  const auto [pass_lo, pass_hi] = keys(passing);
   if (fail_lo > pass_hi)
     return "every call attending to more than " + std::to_string(pass_hi) + " keys (S = P + T > " +
            std::to_string(pass_hi) + "), never one attending to fewer";
