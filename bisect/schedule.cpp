@@ -8,6 +8,7 @@
 #include <future>
 
 #include "bisect/ggml_rounding.h"
+#include "compare/cross_signatures.h"
 #include "compare/heatmap.h"
 #include "compare/noise_floor.h"
 #include "compare/paged_kv.h"
@@ -320,6 +321,10 @@ BisectResult bisect_source(const TensorSource& cand, const WindowSource* view, c
     in.progress = opt.progress;
     res.diagnosis = compare::diagnose(in);
     res.diagnosis.signatures = compare::signatures_at(compare::signature_sites(res), cand, *p.ref, diagnosis_oracle);
+    // Where the error is among the names, after what each name's values look like.
+    if (const std::optional<std::string> at = res.localised_at())
+      for (compare::ErrorSignature& s : compare::cross_name_signatures(*at, res.local, res.global, res.scenario))
+        res.diagnosis.signatures.push_back(std::move(s));
     res.evidence.diagnosed = true;
     done("diagnosis: error signatures");
     return true;

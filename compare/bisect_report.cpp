@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "compare/cross_signatures.h"
 #include "compare/quant_error.h"
 #include "compare/report.h"
 #include "compare/sampling_check.h"
@@ -340,8 +341,7 @@ std::string render_bisect_table(const BisectResult& r, const BisectTableOptions&
     if (!d.signatures.empty()) {
       o += "\n  Error signatures:\n";
       for (const auto& g : d.signatures)
-        o += "    " + g.name + ": " + g.kind + (g.decisive ? "" : " (partial fit " + num_text(g.fit) + ")") + ": " +
-             g.detail + "\n";
+        o += "    " + signature_line(g) + "\n";
     }
     if (!d.inapplicable.empty()) {
       o += "\n  Not applicable to this model: ";
@@ -439,8 +439,7 @@ std::string render_bisect_markdown(const BisectResult& r) {
     if (!d.signatures.empty()) {
       o += "Error signatures:\n\n";
       for (const auto& g : d.signatures)
-        o += "- " + code(g.name) + ": **" + g.kind + "**" + (g.decisive ? "" : " (partial fit " + num_text(g.fit) + ")") +
-             ": " + md_escape(g.detail) + "\n";
+        o += "- " + code(g.name) + ": **" + g.kind + "**" + signature_fit_note(g) + ": " + md_escape(g.detail) + "\n";
       o += "\n";
     }
   }
@@ -489,5 +488,14 @@ std::string render_bisect_markdown(const BisectResult& r) {
 std::string bisect_criterion_text(const BisectResult& r) { return criterion_text(r); }
 std::string divergence_line(const TensorComparison& t) { return divergence_text(t); }
 std::string local_error_line(const LocalSite& s) { return local_text(s); }
+
+std::string signature_fit_note(const ErrorSignature& g) {
+  if (g.decisive || g.kind == kOnlySomeKind) return "";
+  return " (partial fit " + num_text(g.fit) + ")";
+}
+
+std::string signature_line(const ErrorSignature& g) {
+  return g.name + ": " + g.kind + signature_fit_note(g) + ": " + g.detail;
+}
 
 }  // namespace llmdiff::compare

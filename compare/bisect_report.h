@@ -32,5 +32,10 @@ std::string render_bisect_junit(const BisectResult& r);
 std::string bisect_criterion_text(const BisectResult& r);
 std::string divergence_line(const TensorComparison& t);
 std::string local_error_line(const LocalSite& s);
+// An error signature: how well it fits, " (partial fit 0.31)" ("" when it
+// is decisive or says where the error is rather than what: kind
+// "only-some"); and the whole line, "NAME: KIND (partial fit F): DETAIL".
+std::string signature_fit_note(const ErrorSignature& g);
+std::string signature_line(const ErrorSignature& g);
 
 }  // namespace llmdiff::compare

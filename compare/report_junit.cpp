@@ -86,7 +86,8 @@ std::string property(const std::string& name, const std::string& value) {
 }
 
 // A bisection's forward pass as one <testcase>: its finding as properties,
-// a <failure> with the headline and the explanation when it diverges.
+// a <failure> with the headline, the explanation and the error signatures
+// when it diverges.
 std::string forward_case(const BisectResult& r, const std::string& name) {
   const Finding& f = r.finding;
   std::string o = "    <testcase classname=\"" + xml_escape("llmdiff.bisect." + (r.model.empty() ? "model" : r.model)) +
@@ -96,9 +97,13 @@ std::string forward_case(const BisectResult& r, const std::string& name) {
   o += property("first_divergence", r.first_divergence().value_or("none"));
   o += property("first_local_failure", r.first_local_failure().value_or("none"));
   o += "      </properties>\n";
-  if (!r.ok())
+  if (!r.ok()) {
+    std::string body = explanation(f);
+    if (!r.diagnosis.signatures.empty()) body += "\nError signatures:";
+    for (const ErrorSignature& g : r.diagnosis.signatures) body += "\n  " + signature_line(g);
     o += "      <failure message=\"" + xml_escape(headline(r)) + "\" type=\"" + xml_escape(kind_name(f.kind)) + "\">" +
-         xml_escape(explanation(f)) + "</failure>\n";
+         xml_escape(body) + "</failure>\n";
+  }
   return o + "    </testcase>\n";
 }
 

@@ -41,6 +41,14 @@
 //  - transposed-weight: the projection recomputed from the candidate's own
 //             input with its weight matrix transposed reproduces it (asked of
 //             the LocalOracle, which holds the weights).
+//
+// Across names (compare/cross_signatures.h, from a bisection's verdicts, not
+// from this function):
+//  - only-some: which of the localised op's sibling sites (q/k/v, gate/up,
+//             MLA's q and kv paths), forward calls (decode steps, later
+//             chunks, calls attending to more than N keys, verify calls) or
+//             layers (MoE ones) fail and which pass; where the error is, not
+//             what its values are (fit 1, never decisive).
 #pragma once
 #include <optional>
 #include <string>
@@ -55,7 +63,8 @@ namespace llmdiff::compare {
 struct ErrorSignature {
   std::string name;    // the tensor
   std::string kind;    // "precision", "scale", "partial", "shift", "alias", "permutation", "rotary-width",
-                       // "length", "mask", "elementwise", "transposed-weight", "non-finite"
+                       // "rope", "length", "mask", "elementwise", "transposed-weight", "non-finite",
+                       // "only-some"
   std::string detail;  // one line with the numbers
   // How well it explains the error: the RMSE left after the explanation
   // over the RMSE before it (0: exactly; the smaller, the better).

@@ -122,6 +122,43 @@ TEST(CliBatch, OneWrongSequenceIsNamedWithItsStepIterationAndTheOthersUnaffected
   }
 }
 
+// One sequence of the batch wrong at layer 0's attn.k_rope from its first
+// decode step on (left-padded behind the others' longer prompts): its
+// signatures across names say that only k fails there, q passes, and only
+// at its decode steps, in JSON and in the Markdown report.
+TEST(CliBatch, OnlyKAtTheDecodeStepsOfOneSequenceIsSaidAcrossNames) {
+  for (const std::string& model : kBatchModels) {
+    SCOPED_TRACE(model);
+    const std::string path = changed_batch(model, "batch-k-decode", [](MemoryDump& d) {
+      for (int s = 1; d.has("seq1.step" + std::to_string(s) + ".tokens"); ++s)
+        scale(d, "seq1.step" + std::to_string(s) + ".layers.0.attn.k_rope", 1.5f);
+    });
+    int code = -1;
+    const auto j = bisect_json(model, path, &code);
+    EXPECT_EQ(code, 1);
+    const auto& s1 = j["sequences"][1]["bisect"];
+    ASSERT_EQ(s1["localised_at"], "step1.layers.0.attn.k_rope") << s1.dump(1);
+    const int64_t prompt = DumpFile(path).shape("seq1.step0.tokens")[0];
+    const std::vector<std::string> words = {
+        "attn.k_rope fails locally at layer 0 (steps 1, 2 and 3 of 4) while attn.q_rope passes there: only k is "
+        "wrong, q is right",
+        "attn.k_rope at layer 0 fails locally at 3 of 4 forward calls (steps 1, 2 and 3) and passes at step 0: every "
+        "decode step (T = 1), never the prefill (T = " + std::to_string(prompt) + ")"};
+    const std::string md = temp_path("batch-k-decode.md");
+    const CliRun report = run_cli({"bisect", "--model", golden_model(model), path, "--threads", "1", "--report", md});
+    EXPECT_EQ(report.code, 1) << report.error;
+    const std::string markdown = read_text(md);
+    for (const std::string& w : words) {
+      bool in_json = false;
+      for (const auto& g : s1["diagnosis"]["signatures"])
+        in_json = in_json || (g["kind"] == "only-some" && g["name"] == "step1.layers.0.attn.k_rope" &&
+                              g["detail"].get<std::string>().find(w) != std::string::npos);
+      EXPECT_TRUE(in_json) << w << "\n" << s1["diagnosis"]["signatures"].dump(1);
+      EXPECT_NE(markdown.find(w), std::string::npos) << w;
+    }
+  }
+}
+
 TEST(CliBatch, SequencesOfOneIterationGoingWrongTogetherAreReportedTogether) {
   // seq0 and seq2 wrong from iteration 1 on, seq1 right: the first is the
   // earliest in engine order (iteration 1, row 0), seq2 went wrong with it.

@@ -24,6 +24,10 @@
 #include "synth/synth.h"
 #include "compare/bisect_report.h"
 #include "compare/signatures.h"
+#include "compare/cross_signatures.h"
+#include "compare/report.h"
+#include "compare/html_page.h"
+#include "compare/report_html.h"
 #include "dumps/model/config.h"
 #include "dumps/base/dtype.h"
 #include "dumps/base/errors.h"
@@ -724,6 +728,72 @@ TEST_P(BisectSignatures, ErrorsOutsideTheZooGetTheirSignature) {
   }
 }
 
+// Whether every format says the "only-some" signature whose detail holds
+// `words`: JSON (diagnosis.signatures), Markdown, the text table, HTML and
+// JUnit's failure.
+// "steps 1, 2 and 3", "step 1": the steps from 1 to n - 1.
+std::string later_steps(size_t n) {
+  std::string o = n > 2 ? "steps " : "step ";
+  for (size_t s = 1; s < n; ++s) o += (s == 1 ? "" : s + 1 == n ? " and " : ", ") + std::to_string(s);
+  return o;
+}
+
+void says_only_some(const BisectResult& r, const std::string& words) {
+  SCOPED_TRACE("only-some: " + words);
+  const compare::ErrorSignature* hit = nullptr;
+  for (const auto& g : r.diagnosis.signatures)
+    if (g.kind == compare::kOnlySomeKind && g.detail.find(words) != std::string::npos) hit = &g;
+  ASSERT_TRUE(hit != nullptr);
+  EXPECT_FALSE(hit->decisive);
+  EXPECT_EQ(hit->name, r.localised_at().value_or(""));
+  const nlohmann::json j = nlohmann::json::parse(compare::render_bisect_json(r));
+  bool in_json = false;
+  for (const auto& s : j["diagnosis"]["signatures"])
+    in_json = in_json || (s["kind"] == compare::kOnlySomeKind && s["name"] == hit->name &&
+                          s["detail"].get<std::string>().find(words) != std::string::npos);
+  EXPECT_TRUE(in_json);
+  EXPECT_NE(compare::render_bisect_markdown(r).find("**only-some**: " + hit->detail), std::string::npos);
+  EXPECT_NE(compare::render_bisect_table(r).find(hit->name + ": only-some: " + hit->detail), std::string::npos);
+  EXPECT_NE(compare::render_bisect_html(r).find(compare::html::esc(hit->detail)), std::string::npos);
+  EXPECT_NE(compare::render_bisect_junit(r).find(compare::xml_escape(hit->detail)), std::string::npos);
+}
+
+// Evidence across names, on HF's own dump changed at one op's k side from
+// the first decode step on: layer 0's attn.k_rope (q, v, the other layers
+// and the prefill as HF computed them). The signatures say that only k
+// fails there (q_rope passes), only at the decode steps and only at layer
+// 0; no zoo bug is claimed.
+TEST_P(BisectSignatures, OnlyKAtTheDecodeStepsOfOneLayerIsSaidAcrossNames) {
+  const std::string model = GetParam();
+  const bisect::ModelOracles& m = oracles(model);
+  DumpFile golden(golden_dump(model, "decode"));
+  const std::vector<std::vector<int64_t>> steps = golden.step_tokens();
+  ASSERT_GE(steps.size(), 3u);
+  for (size_t s = 1; s < steps.size(); ++s) ASSERT_EQ(steps[s].size(), 1u);
+  MemoryDump cand("k_rope changed at decode steps");
+  cand.mutable_manifest() = golden.manifest();
+  for (const auto& n : golden.names()) {
+    TensorData t = golden.get(n);
+    const CanonName c = parse_name(n);
+    if (c.kind == CanonName::Kind::Layer && c.layer == 0 && c.step >= 1 && c.site == "attn.k_rope")
+      for (size_t i = 0; i < t.f.size(); ++i) t.f[i] = t.f[i] * 1.5f + 0.25f * std::sin(float(i));
+    cand.put(t);
+  }
+  BisectResult r = bisect::bisect_candidate(m, cand, BisectOptions{});
+  SCOPED_TRACE(describe(r));
+  EXPECT_EQ(r.exit_code(), 1);
+  ASSERT_EQ(r.localised_at().value_or(""), "step1.layers.0.attn.k_rope");
+  EXPECT_FALSE(compare::named_bug(r.finding));
+  const size_t n = steps.size();
+  says_only_some(r, "attn.k_rope fails locally at layer 0 (" + later_steps(n) + " of " + std::to_string(n) +
+                        ") while attn.q_rope passes there: only k is wrong, q is right");
+  says_only_some(r, "attn.k_rope at layer 0 fails locally at " + std::to_string(n - 1) + " of " + std::to_string(n) +
+                        " forward calls (" + later_steps(n) + ") and passes at step 0: every decode step (T = 1), "
+                        "never the prefill (T = " + std::to_string(steps[0].size()) + ")");
+  says_only_some(r, "attn.k_rope fails locally at layer 0 of the " + std::to_string(m.model.config.num_hidden_layers) +
+                        " layers holding it");
+}
+
 INSTANTIATE_TEST_SUITE_P(AllGolden, BisectSignatures, ::testing::ValuesIn(golden_models()),
                          [](const auto& info) {
                            std::string s = info.param;
@@ -788,6 +858,35 @@ TEST(BisectSignatures, RotaryWidthFromACutDownDumpAndNotOnAWrongInput) {
     ASSERT_FALSE(sigs.empty());
     EXPECT_EQ(sigs.front().kind, "scale") << sigs.front().detail;
     for (const auto& g : sigs) EXPECT_NE(g.kind, "rotary-width") << g.detail;
+  }
+}
+
+// Zoo bugs that act only once something is cached, on a dense and an MLA
+// model: beside the bug named, the signature across names says at which
+// forward calls the mask fails (every decode step; the later chunk of a
+// chunked prefill) and that it passes at the first call.
+TEST(BisectCrossSignatures, BugsOfTheCachedCallsAreSaidByTheCallsTheyFailAt) {
+  for (const std::string model : {"llama-gqa", "deepseek-v3-mla"}) {
+    const bisect::ModelOracles& m = oracles(model);
+    for (const std::string scenario : {"decode", "chunked"})
+      for (const std::string bug : {"mask-square", "kv-overwrite"}) {
+        SCOPED_TRACE(model + " " + scenario + " " + bug);
+        const Scenario sc = golden_scenario(model, scenario);
+        BisectResult r = bisect::bisect_candidate(m, *impl_candidate(m, sc, {bug}), BisectOptions{});
+        SCOPED_TRACE(describe(r));
+        ASSERT_TRUE(compare::named_bug(r.finding).has_value());
+        EXPECT_EQ(compare::named_bug(r.finding)->bug, bug);
+        ASSERT_EQ(r.localised_at().value_or(""), "step1.mask");
+        const size_t n = sc.steps.size();
+        const std::string calls = "mask fails locally at " + std::to_string(n - 1) + " of " + std::to_string(n) +
+                                  " forward calls";
+        const std::string at = calls + " (" + later_steps(n) + ") and passes at step 0: ";
+        if (scenario == "decode")
+          says_only_some(r, at + "every decode step (T = 1), never the prefill (T = " +
+                                std::to_string(sc.steps[0].size()) + ")");
+        else
+          says_only_some(r, at + "every chunk of the prompt after the first");
+      }
   }
 }
 
@@ -873,6 +972,7 @@ TEST_P(BisectClean, CleanImplDumpsPassTheNoiseFloor) {
       for (const auto& n : r.local.not_recomputed) EXPECT_EQ(parse_name(n).site, "tokens") << n;
       EXPECT_EQ(r.finding.kind, compare::FindingKind::Passes);
       EXPECT_FALSE(compare::named_bug(r.finding));
+      EXPECT_TRUE(r.diagnosis.signatures.empty());
     }
   }
 }
@@ -888,6 +988,7 @@ TEST_P(BisectClean, HuggingFaceGoldenDumpsPassAsExternalCandidates) {
     EXPECT_EQ(r.dtype, m.model.config.default_dtype());  // bfloat16 for llama-mha-bf16: judged with m = 3
     EXPECT_TRUE(r.local.ran);
     EXPECT_EQ(r.local.failing(), 0u);
+    EXPECT_TRUE(r.diagnosis.signatures.empty());  // nothing, across names either, on a correct engine
   }
 }
 
