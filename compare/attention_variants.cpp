@@ -123,7 +123,7 @@ std::vector<Variant> variants(const Inputs& in) {
   const std::string dh = std::to_string(in.Dh);
   std::vector<Variant> out;
   auto add = [&](Variant v) { out.push_back(std::move(v)); };
-  add({Rope::Interleaved, 0, false, 0, Mask::Causal, Kv::Normal, false, 0, "rope",
+  add({Rope::Interleaved, 0, false, 0, Mask::Causal, Kv::Normal, false, 0, "permutation",
        "RoPE on adjacent pairs (2i, 2i+1) where the model rotates halves (i, i+Dh/2)"});
   add({Rope::QOnly, 0, false, 0, Mask::Causal, Kv::Normal, false, 0, "rope",
        "RoPE applied to q only: the keys are not rotated"});
@@ -133,7 +133,7 @@ std::vector<Variant> variants(const Inputs& in) {
   for (int64_t R : {in.Dh / 2, in.Dh / 4})
     if (R >= 2 && R % 2 == 0)
       for (bool own : {true, false})
-        add({Rope::Partial, R, own, 0, Mask::Causal, Kv::Normal, false, 0, "rope",
+        add({Rope::Partial, R, own, 0, Mask::Causal, Kv::Normal, false, 0, "rotary-width",
              "RoPE on the first R = " + std::to_string(R) + " of " + dh + " dims of each head only (frequencies " +
                  (own ? "theta^(-2i/" + std::to_string(R) + ")" : std::string("the model's first ") +
                                                                        std::to_string(R / 2)) +

@@ -37,6 +37,17 @@
 //             (tanh soft-capping, clamping, relu, |x|) with its fitted
 //             parameter, or mlp.act = f(gate) * up for an activation f other
 //             than SiLU, from the candidate's own gate and up;
+//  - attention at attn.ctx (compare/attention_variants.h): the context
+//             recomputed from the candidate's own q, k and v with one change
+//             of HF's eager attention reproduces it, the change named in the
+//             kind it belongs to: RoPE on adjacent pairs (permutation), on
+//             the first R dims only (rotary-width), on q only, k only or
+//             neither (rope); scores unscaled, by 1/Dh or times sqrt(Dh)
+//             (scale); the causal boundary one key late or early, or none
+//             (mask); keys and values swapped or one used for both (alias);
+//             kv heads tiled (permutation); the softmax in 16 bits
+//             (precision). For engines recorded at module boundaries, which
+//             hold nothing inside attention;
 //  - non-finite: NaN/Inf where the reference is finite;
 //  - transposed-weight: the projection recomputed from the candidate's own
 //             input with its weight matrix transposed reproduces it (asked of
