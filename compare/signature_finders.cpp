@@ -560,14 +560,18 @@ void find_rope_angle_precision(Found& f, const TensorData& c, const TensorData& 
     double rmse = 0;
   };
   std::optional<Try> best;
+  // A 16-bit engine's table stored in its type, or in float32 (an engine
+  // declaring bfloat16 for its matmuls may keep RoPE's table in float32).
   for (int variant : {1, 2})
-    for (bool bf16 : {true, false}) {
-      std::vector<float> h = table(variant, bf16);
-      for (float& x : h) x = float(double(x) * scaling);
-      if (out16) for (float& x : h) x = g16(x, out16 == 1);  // a 16-bit engine's table is stored in its type
-      const double e = rmse(c.f.data(), h.data(), n);
-      if (!best || e < best->rmse) best = Try{variant, bf16, e};
-    }
+    for (bool bf16 : {true, false})
+      for (bool stored16 : {false, true}) {
+        if (stored16 && !out16) continue;
+        std::vector<float> h = table(variant, bf16);
+        for (float& x : h) x = float(double(x) * scaling);
+        if (stored16) for (float& x : h) x = g16(x, out16 == 1);
+        const double e = rmse(c.f.data(), h.data(), n);
+        if (!best || e < best->rmse) best = Try{variant, bf16, e};
+      }
   if (!best || !(best->rmse <= 0.1 * f.err)) return;
   // How the error grows with position: the row rmse at the first and the last row.
   auto row_err = [&](int64_t t) { return rmse(c.f.data() + t * D, r.f.data() + t * D, D); };
