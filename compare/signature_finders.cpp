@@ -554,25 +554,32 @@ void find_rope_angle_precision(Found& f, const TensorData& c, const TensorData& 
   double num_s = 0, den_s = 0;
   for (int64_t k = 0; k < n; ++k) num_s += double(r.f[size_t(k)]) * exact[size_t(k)], den_s += double(exact[size_t(k)]) * exact[size_t(k)];
   const double scaling = den_s > 0 ? num_s / den_s : 1.0;
+  // The rmse left by a table: a 16-bit engine's stored in its type, or in
+  // float32 (an engine declaring bfloat16 for its matmuls may keep RoPE's
+  // table in float32), whichever is closer.
+  auto left = [&](int variant, bool bf16) {
+    std::vector<float> h = table(variant, bf16);
+    for (float& x : h) x = float(double(x) * scaling);
+    double e = rmse(c.f.data(), h.data(), n);
+    if (out16) {
+      for (float& x : h) x = g16(x, out16 == 1);
+      e = std::min(e, rmse(c.f.data(), h.data(), n));
+    }
+    return e;
+  };
   struct Try {
     int variant;
     bool bf16;
     double rmse = 0;
   };
   std::optional<Try> best;
-  // A 16-bit engine's table stored in its type, or in float32 (an engine
-  // declaring bfloat16 for its matmuls may keep RoPE's table in float32).
   for (int variant : {1, 2})
     for (bool bf16 : {true, false})
-      for (bool stored16 : {false, true}) {
-        if (stored16 && !out16) continue;
-        std::vector<float> h = table(variant, bf16);
-        for (float& x : h) x = float(double(x) * scaling);
-        if (stored16) for (float& x : h) x = g16(x, out16 == 1);
-        const double e = rmse(c.f.data(), h.data(), n);
-        if (!best || e < best->rmse) best = Try{variant, bf16, e};
-      }
-  if (!best || !(best->rmse <= 0.1 * f.err)) return;
+      if (const double e = left(variant, bf16); !best || e < best->rmse) best = Try{variant, bf16, e};
+  // The 16-bit table must also fit far better than the exact one at the
+  // candidate's own positions (a table exact for positions that differ from
+  // the reference's is no rounding).
+  if (!best || !(best->rmse <= 0.1 * f.err) || !(best->rmse < 0.1 * left(0, false))) return;
   // How the error grows with position: the row rmse at the first and the last row.
   auto row_err = [&](int64_t t) { return rmse(c.f.data() + t * D, r.f.data() + t * D, D); };
   const char* type = best->bf16 ? "bfloat16" : "float16";
@@ -615,22 +622,38 @@ void find_norm_input_precision(Found& f, const TensorData& c, const TensorData& 
       if (std::fabs(xn) > best[size_t(j)]) best[size_t(j)] = std::fabs(xn), w[size_t(j)] = r.f[size_t(t * D + j)] / xn;
     }
   }
+  // The rmse left by the norm of the candidate's input rounded to a 16-bit
+  // type (`type` 1 bfloat16, 2 float16; 0 unrounded), stored in float32 or
+  // in the engine's declared 16-bit type, whichever is closer.
+  const std::string& dtype = cand.manifest().dtype;
+  const int out16 = dtype == "bfloat16" ? 1 : dtype == "float16" ? 2 : 0;
+  auto g16 = [](float v, int type) {
+    return type == 1 ? bf16_to_f32(f32_to_bf16(v)) : type == 2 ? f16_to_f32(f32_to_f16(v)) : v;
+  };
+  auto left = [&](int type) {
+    std::vector<float> x(xc.f), h(size_t(T * D));
+    for (float& v : x) v = g16(v, type);
+    for (int64_t t = 0; t < T; ++t) {
+      const double k = inv_rms(x.data() + t * D);
+      for (int64_t j = 0; j < D; ++j) h[size_t(t * D + j)] = float(w[size_t(j)] * (double(x[size_t(t * D + j)]) * k));
+    }
+    double e = rmse(c.f.data(), h.data(), T * D);
+    if (out16) {
+      for (float& v : h) v = g16(v, out16);
+      e = std::min(e, rmse(c.f.data(), h.data(), T * D));
+    }
+    return e;
+  };
   struct Try {
     bool bf16;
     double rmse;
   };
   std::optional<Try> found;
-  for (bool bf16 : {true, false}) {
-    std::vector<float> x(xc.f), h(size_t(T * D));
-    for (float& v : x) v = bf16 ? bf16_to_f32(f32_to_bf16(v)) : f16_to_f32(f32_to_f16(v));
-    for (int64_t t = 0; t < T; ++t) {
-      const double k = inv_rms(x.data() + t * D);
-      for (int64_t j = 0; j < D; ++j) h[size_t(t * D + j)] = float(w[size_t(j)] * (double(x[size_t(t * D + j)]) * k));
-    }
-    const double e = rmse(c.f.data(), h.data(), T * D);
-    if (!found || e < found->rmse) found = Try{bf16, e};
-  }
-  if (!found || !(found->rmse <= 0.1 * f.err)) return;
+  for (bool bf16 : {true, false})
+    if (const double e = left(bf16 ? 1 : 2); !found || e < found->rmse) found = Try{bf16, e};
+  // ... and far better than the norm of the unrounded input (a norm right on
+  // an input that diverges upstream is no rounding).
+  if (!found || !(found->rmse <= 0.1 * f.err) || !(found->rmse < 0.1 * left(0))) return;
   f.add_decisive("precision", std::string("the norm's input ") + input + " rounded to " +
                                   (found->bf16 ? "bfloat16" : "float16") + " before the norm reproduces the candidate "
                                   "(rmse " + num(found->rmse) + " against that, " + num(f.err) +
@@ -648,8 +671,11 @@ void find_softmax_precision(Found& f, const TensorData& c, const TensorSource& c
   if (sc.shape != c.shape || mk.shape != Shape{T, S} || sc.is_int) return;
   const std::vector<float> mask = mk.floats();
   enum Variant { Input, InputOutput, Whole };
-  auto g16 = [](float x, bool bf16) { return bf16 ? bf16_to_f32(f32_to_bf16(x)) : f16_to_f32(f32_to_f16(x)); };
-  auto softmax = [&](Variant v, bool bf16) {
+  // `type` 1 bfloat16, 2 float16; 0: no rounding (the softmax itself).
+  auto g16 = [](float x, int type) {
+    return type == 1 ? bf16_to_f32(f32_to_bf16(x)) : type == 2 ? f16_to_f32(f32_to_f16(x)) : x;
+  };
+  auto softmax = [&](Variant v, int type) {
     std::vector<float> out(size_t(H * T * S), 0.0f);
     for (int64_t h = 0; h < H; ++h)
       for (int64_t t = 0; t < T; ++t) {
@@ -657,21 +683,35 @@ void find_softmax_precision(Found& f, const TensorData& c, const TensorSource& c
         float* y = out.data() + (h * T + t) * S;
         float m = -std::numeric_limits<float>::infinity();
         for (int64_t s = 0; s < S; ++s)
-          if (mask[size_t(t * S + s)] != 0.0f) m = std::max(m, g16(x[s], bf16));
+          if (mask[size_t(t * S + s)] != 0.0f) m = std::max(m, g16(x[s], type));
         float sum = 0;
         for (int64_t s = 0; s < S; ++s) {
           if (mask[size_t(t * S + s)] == 0.0f) continue;
-          float e = std::exp(g16(x[s], bf16) - m);
-          if (v == Whole) e = g16(e, bf16);
+          float e = std::exp(g16(x[s], type) - m);
+          if (v == Whole) e = g16(e, type);
           y[s] = e;
-          sum = v == Whole ? g16(sum + e, bf16) : sum + e;
+          sum = v == Whole ? g16(sum + e, type) : sum + e;
         }
         for (int64_t s = 0; s < S; ++s) {
           const float p = y[s] / sum;
-          y[s] = v == Input ? p : g16(p, bf16);
+          y[s] = v == Input ? p : g16(p, type);
         }
       }
     return out;
+  };
+  // The rmse left, the probabilities stored in float32 or in the engine's
+  // declared 16-bit type, whichever is closer.
+  const std::string& dtype = cand.manifest().dtype;
+  const int out16 = dtype == "bfloat16" ? 1 : dtype == "float16" ? 2 : 0;
+  const int64_t n = H * T * S;
+  auto left = [&](Variant v, int type) {
+    std::vector<float> h = softmax(v, type);
+    double e = rmse(c.f.data(), h.data(), n);
+    if (out16) {
+      for (float& x : h) x = g16(x, out16);
+      e = std::min(e, rmse(c.f.data(), h.data(), n));
+    }
+    return e;
   };
   struct Try {
     Variant v;
@@ -679,14 +719,12 @@ void find_softmax_precision(Found& f, const TensorData& c, const TensorSource& c
     double rmse;
   };
   std::optional<Try> best;
-  const int64_t n = H * T * S;
   for (Variant v : {Input, InputOutput, Whole})
-    for (bool bf16 : {false, true}) {
-      const std::vector<float> h = softmax(v, bf16);
-      const double e = rmse(c.f.data(), h.data(), n);
-      if (!best || e < best->rmse - 1e-12) best = Try{v, bf16, e};
-    }
-  if (!best || !(best->rmse <= 0.1 * f.err)) return;
+    for (bool bf16 : {false, true})
+      if (const double e = left(v, bf16 ? 1 : 2); !best || e < best->rmse - 1e-12) best = Try{v, bf16, e};
+  // ... and far better than the softmax itself (a softmax right on scores
+  // that diverge upstream, or rows of one allowed key, is no rounding).
+  if (!best || !(best->rmse <= 0.1 * f.err) || !(best->rmse < 0.1 * left(Input, 0))) return;
   const std::string type = best->bf16 ? "bfloat16" : "float16";
   const std::string what = best->v == Input         ? "its scores rounded to " + type + " before it"
                            : best->v == InputOutput ? "its scores and its output rounded to " + type

@@ -17,7 +17,9 @@
 //             bfloat16 / float16 has its recomputed ops' closeness judged
 //             within that type's rounding (tol 1e-2 / 2e-3) and RoPE's table
 //             tried both stored in that type and in float32. A rounding its
-//             own type explains does not diverge, so gets no signature;
+//             own type explains does not diverge, so gets no signature; nor
+//             does an op the same recompute without the rounding reproduces
+//             (right on inputs that diverge upstream);
 //  - scale:   candidate ~ c x reference, globally, per head or per row;
 //             c recognised against common factors (sqrt(D), sqrt(Dh),
 //             1/sqrt(Dh), Dh, 1/Dh, their MLA forms);

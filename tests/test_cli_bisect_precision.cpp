@@ -258,3 +258,31 @@ TEST(BisectPrecisionBf16Weights, ARoundingWithinABfloat16EnginesOwnIsNoFinding) 
   };
   for (const Case& c : cases) expect_pass(*hf, stored_bf16, &c);
 }
+
+// A bug of the zoo upstream leaves the softmax, the norm and RoPE's table
+// right on what the candidate fed them (its own scores, input, positions):
+// no precision signature there, whether the engine computes in float32 or
+// declares bfloat16; the bug is named.
+TEST(BisectPrecisionBf16Weights, AZooBugIsNoPrecisionSignatureDownstream) {
+  const bisect::ModelOracles& m = oracles();
+  for (const std::string precision : {"", "matmul_input=bf16"})
+    for (const std::string bug : {"softmax-scale", "mask-square", "rope-position-reset", "rope-theta"}) {
+      cli::EngineOptions eo;
+      eo.threads = 1;
+      eo.precision = precision;
+      eo.inject = {bug};
+      const Scenario sc = decode_scenario();
+      auto engine = cli::make_engine("impl", m.model, eo);
+      MemoryDump cand("impl --precision '" + precision + "' --inject " + bug);
+      cand.mutable_manifest() = cli::make_manifest(*engine, m.model, m.dir, sc);
+      if (!precision.empty()) cand.mutable_manifest().dtype = "bfloat16";
+      run_scenario(*engine, sc, cand);
+      const BisectResult r = bisect::bisect_candidate(m, cand, BisectOptions{});
+      SCOPED_TRACE(cand.label() + ": " + r.finding.evidence);
+      EXPECT_EQ(r.exit_code(), 1);
+      ASSERT_TRUE(compare::named_bug(r.finding).has_value());
+      EXPECT_EQ(compare::named_bug(r.finding)->bug, bug);
+      for (const compare::ErrorSignature& g : r.diagnosis.signatures)
+        EXPECT_NE(g.kind, "precision") << g.name << ": " << g.detail;
+    }
+}
