@@ -6,6 +6,7 @@
 #include "compare/paged_kv.h"
 #include "compare/serving_fingerprints.h"
 #include "compare/signature_finders.h"
+#include "dumps/base/dtype.h"
 #include "dumps/contract/names.h"
 #include "dumps/contract/sequences.h"
 #include "dumps/contract/sites.h"
@@ -53,13 +54,22 @@ void batch_positions_shifted(const FingerprintScene& scene, std::vector<Fingerpr
 // clearly less than 1 (the softmax also covered keys that are not its own).
 void batch_attention_leak(const FingerprintScene& scene, std::vector<Fingerprint>& out) {
   const TensorSource& cand = scene.cand;
-  // A row's sum may miss 1 by its values' rounding: far more in 16 bits.
+  // A row's sum may miss 1 by its values' rounding: far more in 16 bits
+  // (the engine's declared type, or the grid its probabilities lie on: a
+  // float32 engine's softmax computed in 16 bits).
   const std::string& dtype = cand.manifest().dtype;
-  const double tol = dtype == "bfloat16" ? 5e-2 : dtype == "float16" ? 1e-2 : 1e-3;
+  auto tol_for = [](const std::string& d) { return d == "bfloat16" ? 5e-2 : d == "float16" ? 1e-2 : 1e-3; };
   for (const TensorComparison& t : scene.global.tensors) {
     if (t.pass || parse_name(t.name).site != site_name(Site::AttnProbs)) continue;
     const TensorData p = cand.get(t.name);
     if (p.is_int || p.shape.size() != 3 || p.shape[2] == 0) continue;
+    auto on_grid = [&p](bool bf16) {
+      return std::all_of(p.f.begin(), p.f.end(), [bf16](float x) {
+        return (bf16 ? bf16_to_f32(f32_to_bf16(x)) : f16_to_f32(f32_to_f16(x))) == x;
+      });
+    };
+    const double tol = std::max(tol_for(dtype), on_grid(true) ? tol_for("bfloat16")
+                                                : on_grid(false) ? tol_for("float16") : 0.0);
     const int64_t rows = p.shape[0] * p.shape[1], S = p.shape[2];
     int64_t short_rows = 0;
     double lowest = 1.0, total = 0.0;

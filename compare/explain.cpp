@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <set>
+#include <utility>
 
 #include "compare/signature_finders.h"
 #include "dumps/contract/names.h"
@@ -118,11 +120,26 @@ std::optional<Finding> explain_ring_wrap(const BisectResult& r) {
   return f;
 }
 
+// Whether the ops failing on their own inputs lie in more than one (step,
+// layer) (a step's sites outside the layers count as one more): an engine
+// computing in a 16-bit type rounds the ops of every layer; one op rounded
+// fails at its own name and its consumers' alone.
+bool local_failures_spread(const LocalReport& l) {
+  std::set<std::pair<int, int>> where;
+  for (const LocalSite& s : l.sites)
+    if (!s.pass) where.insert({s.parsed.step, s.parsed.kind == CanonName::Kind::Layer ? s.parsed.layer : -1});
+  return where.size() > 1;
+}
+
 // Within the 16-bit noise is not enough (a float32 engine's small bug hides
-// in it too): the candidate's error must also be of the 16-bit run's size.
+// in it too): the candidate's error must also be of the 16-bit run's size,
+// and where the ops were recomputed, more than one layer's must fail (a
+// float32 engine rounding one op to 16 bits is that op's precision
+// signature, not a dtype to declare).
 std::optional<Finding> explain_weights_dtype(const BisectResult& r) {
   const std::optional<WeightsDtypeCheck>& c = r.evidence.weights_dtype;
   if (!c || !c->within_noise || !c->median_ratio || *c->median_ratio < 0.25) return std::nullopt;
+  if (r.local.ran && r.local.first() && !local_failures_spread(r.local)) return std::nullopt;
   const std::string d = compute_dtype_name(c->dtype);
   Finding f = declaration(Declaration::ComputeDtype,
                           "no bug: judged as " + d + " (the dtype the weights are stored in) every name of the " +

@@ -559,6 +559,39 @@ void find_transposed_weight(Found& f, const TensorData& c, const TensorSource& c
   f.out.push_back(g);
 }
 
+namespace {
+
+// The 16-bit types of the precision finders below (None: no rounding).
+enum class Type16 { None, BFloat16, Float16 };
+
+float round16(float x, Type16 t) {
+  return t == Type16::BFloat16 ? bf16_to_f32(f32_to_bf16(x)) : t == Type16::Float16 ? f16_to_f32(f32_to_f16(x)) : x;
+}
+
+const char* type16_name(Type16 t) { return t == Type16::BFloat16 ? "bfloat16" : "float16"; }
+
+// The 16-bit dtype the candidate declares (None: float32 or float64).
+Type16 declared16(const TensorSource& cand) {
+  const std::string& d = cand.manifest().dtype;
+  return d == "bfloat16" ? Type16::BFloat16 : d == "float16" ? Type16::Float16 : Type16::None;
+}
+
+// The rmse left by an op's recomputed values `h` against the candidate,
+// stored in float32 or in the candidate's declared 16-bit type `stored`,
+// whichever is closer (an engine declaring bfloat16 for its matmuls may keep
+// other values, RoPE's table, a softmax, in float32).
+double stored_rmse(const TensorData& c, std::vector<float> h, Type16 stored) {
+  const int64_t n = int64_t(c.f.size());
+  double e = rmse(c.f.data(), h.data(), n);
+  if (stored != Type16::None) {
+    for (float& x : h) x = round16(x, stored);
+    e = std::min(e, rmse(c.f.data(), h.data(), n));
+  }
+  return e;
+}
+
+}  // namespace
+
 void find_rope_angle_precision(Found& f, const TensorData& c, const TensorData& r, const TensorSource& cand,
                                const TensorSource& ref) {
   const bool is_cos = f.cn.site == "rope.cos";
@@ -570,45 +603,47 @@ void find_rope_angle_precision(Found& f, const TensorData& c, const TensorData& 
   const int64_t T = c.shape[0], D = c.shape[1], half = int64_t(inv.f.size());
   if (inv.is_int || half == 0 || D != 2 * half || int64_t(pos.numel()) != T) return;
   const std::vector<float> p = pos.floats();
-  auto g16 = [](float x, bool bf16) { return bf16 ? bf16_to_f32(f32_to_bf16(x)) : f16_to_f32(f32_to_f16(x)); };
   // HF's table: emb = cat(freqs, freqs), freqs[t, i] = positions[t] x inv_freq[i]
-  // in float32, cos/sin times the rope's attention scaling (fitted below).
-  auto table = [&](int variant, bool bf16) {
+  // in float32, cos/sin times the rope's attention scaling (fitted below);
+  // variant 1: the angles rounded to `t16`, 2: inv_freq rounded to `t16`.
+  auto table = [&](int variant, Type16 t16) {
     std::vector<float> v(size_t(T * D));
     for (int64_t t = 0; t < T; ++t)
       for (int64_t i = 0; i < D; ++i) {
         const float fr = inv.f[size_t(i % half)];
-        float a = p[size_t(t)] * (variant == 2 ? g16(fr, bf16) : fr);
-        if (variant == 1) a = g16(a, bf16);
+        float a = p[size_t(t)] * (variant == 2 ? round16(fr, t16) : fr);
+        if (variant == 1) a = round16(a, t16);
         v[size_t(t * D + i)] = is_cos ? std::cos(a) : std::sin(a);
       }
     return v;
   };
-  const std::string& dtype = cand.manifest().dtype;
-  const int out16 = dtype == "bfloat16" ? 1 : dtype == "float16" ? 2 : 0;  // the engine's 16-bit type, if any
-  const std::vector<float> exact = table(0, false);
+  const Type16 stored = declared16(cand);
+  const std::vector<float> exact = table(0, Type16::None);
   const int64_t n = T * D;
   double num_s = 0, den_s = 0;
   for (int64_t k = 0; k < n; ++k) num_s += double(r.f[size_t(k)]) * exact[size_t(k)], den_s += double(exact[size_t(k)]) * exact[size_t(k)];
   const double scaling = den_s > 0 ? num_s / den_s : 1.0;
+  auto left = [&](int variant, Type16 t16) {
+    std::vector<float> h = table(variant, t16);
+    for (float& x : h) x = float(double(x) * scaling);
+    return stored_rmse(c, std::move(h), stored);
+  };
   struct Try {
     int variant;
-    bool bf16;
+    Type16 type;
     double rmse = 0;
   };
   std::optional<Try> best;
   for (int variant : {1, 2})
-    for (bool bf16 : {true, false}) {
-      std::vector<float> h = table(variant, bf16);
-      for (float& x : h) x = float(double(x) * scaling);
-      if (out16) for (float& x : h) x = g16(x, out16 == 1);  // a 16-bit engine's table is stored in its type
-      const double e = rmse(c.f.data(), h.data(), n);
-      if (!best || e < best->rmse) best = Try{variant, bf16, e};
-    }
-  if (!best || !(best->rmse <= 0.1 * f.err)) return;
+    for (Type16 t16 : {Type16::BFloat16, Type16::Float16})
+      if (const double e = left(variant, t16); !best || e < best->rmse) best = Try{variant, t16, e};
+  // The 16-bit table must also fit far better than the exact one at the
+  // candidate's own positions (a table exact for positions that differ from
+  // the reference's is no rounding).
+  if (!best || !(best->rmse <= 0.1 * f.err) || !(best->rmse < 0.1 * left(0, Type16::None))) return;
   // How the error grows with position: the row rmse at the first and the last row.
   auto row_err = [&](int64_t t) { return rmse(c.f.data() + t * D, r.f.data() + t * D, D); };
-  const char* type = best->bf16 ? "bfloat16" : "float16";
+  const char* type = type16_name(best->type);
   const std::string what = best->variant == 1 ? std::string("the angles position x inv_freq rounded to ") + type
                                               : std::string("inv_freq rounded to ") + type;
   f.add_decisive("precision", std::string(is_cos ? "cos" : "sin") + " of " + what + " reproduces the candidate (rmse " +
@@ -648,24 +683,28 @@ void find_norm_input_precision(Found& f, const TensorData& c, const TensorData& 
       if (std::fabs(xn) > best[size_t(j)]) best[size_t(j)] = std::fabs(xn), w[size_t(j)] = r.f[size_t(t * D + j)] / xn;
     }
   }
-  struct Try {
-    bool bf16;
-    double rmse;
-  };
-  std::optional<Try> found;
-  for (bool bf16 : {true, false}) {
+  // The rmse left by the norm of the candidate's input rounded to `t16`.
+  auto left = [&](Type16 t16) {
     std::vector<float> x(xc.f), h(size_t(T * D));
-    for (float& v : x) v = bf16 ? bf16_to_f32(f32_to_bf16(v)) : f16_to_f32(f32_to_f16(v));
+    for (float& v : x) v = round16(v, t16);
     for (int64_t t = 0; t < T; ++t) {
       const double k = inv_rms(x.data() + t * D);
       for (int64_t j = 0; j < D; ++j) h[size_t(t * D + j)] = float(w[size_t(j)] * (double(x[size_t(t * D + j)]) * k));
     }
-    const double e = rmse(c.f.data(), h.data(), T * D);
-    if (!found || e < found->rmse) found = Try{bf16, e};
-  }
-  if (!found || !(found->rmse <= 0.1 * f.err)) return;
+    return stored_rmse(c, std::move(h), declared16(cand));
+  };
+  struct Try {
+    Type16 type;
+    double rmse;
+  };
+  std::optional<Try> found;
+  for (Type16 t16 : {Type16::BFloat16, Type16::Float16})
+    if (const double e = left(t16); !found || e < found->rmse) found = Try{t16, e};
+  // ... and far better than the norm of the unrounded input (a norm right on
+  // an input that diverges upstream is no rounding).
+  if (!found || !(found->rmse <= 0.1 * f.err) || !(found->rmse < 0.1 * left(Type16::None))) return;
   f.add_decisive("precision", std::string("the norm's input ") + input + " rounded to " +
-                                  (found->bf16 ? "bfloat16" : "float16") + " before the norm reproduces the candidate "
+                                  type16_name(found->type) + " before the norm reproduces the candidate "
                                   "(rmse " + num(found->rmse) + " against that, " + num(f.err) +
                                   " against the reference): the residual stream cast to 16 bits for the norm");
 }
@@ -681,8 +720,8 @@ void find_softmax_precision(Found& f, const TensorData& c, const TensorSource& c
   if (sc.shape != c.shape || mk.shape != Shape{T, S} || sc.is_int) return;
   const std::vector<float> mask = mk.floats();
   enum Variant { Input, InputOutput, Whole };
-  auto g16 = [](float x, bool bf16) { return bf16 ? bf16_to_f32(f32_to_bf16(x)) : f16_to_f32(f32_to_f16(x)); };
-  auto softmax = [&](Variant v, bool bf16) {
+  // In `type` (None: the softmax itself, in float32).
+  auto softmax = [&](Variant v, Type16 type) {
     std::vector<float> out(size_t(H * T * S), 0.0f);
     for (int64_t h = 0; h < H; ++h)
       for (int64_t t = 0; t < T; ++t) {
@@ -690,37 +729,37 @@ void find_softmax_precision(Found& f, const TensorData& c, const TensorSource& c
         float* y = out.data() + (h * T + t) * S;
         float m = -std::numeric_limits<float>::infinity();
         for (int64_t s = 0; s < S; ++s)
-          if (mask[size_t(t * S + s)] != 0.0f) m = std::max(m, g16(x[s], bf16));
+          if (mask[size_t(t * S + s)] != 0.0f) m = std::max(m, round16(x[s], type));
         float sum = 0;
         for (int64_t s = 0; s < S; ++s) {
           if (mask[size_t(t * S + s)] == 0.0f) continue;
-          float e = std::exp(g16(x[s], bf16) - m);
-          if (v == Whole) e = g16(e, bf16);
+          float e = std::exp(round16(x[s], type) - m);
+          if (v == Whole) e = round16(e, type);
           y[s] = e;
-          sum = v == Whole ? g16(sum + e, bf16) : sum + e;
+          sum = v == Whole ? round16(sum + e, type) : sum + e;
         }
         for (int64_t s = 0; s < S; ++s) {
           const float p = y[s] / sum;
-          y[s] = v == Input ? p : g16(p, bf16);
+          y[s] = v == Input ? p : round16(p, type);
         }
       }
     return out;
   };
+  const Type16 stored = declared16(cand);
+  auto left = [&](Variant v, Type16 type) { return stored_rmse(c, softmax(v, type), stored); };
   struct Try {
     Variant v;
-    bool bf16;
+    Type16 type;
     double rmse;
   };
   std::optional<Try> best;
-  const int64_t n = H * T * S;
   for (Variant v : {Input, InputOutput, Whole})
-    for (bool bf16 : {false, true}) {
-      const std::vector<float> h = softmax(v, bf16);
-      const double e = rmse(c.f.data(), h.data(), n);
-      if (!best || e < best->rmse - 1e-12) best = Try{v, bf16, e};
-    }
-  if (!best || !(best->rmse <= 0.1 * f.err)) return;
-  const std::string type = best->bf16 ? "bfloat16" : "float16";
+    for (Type16 t16 : {Type16::Float16, Type16::BFloat16})
+      if (const double e = left(v, t16); !best || e < best->rmse - 1e-12) best = Try{v, t16, e};
+  // ... and far better than the softmax itself (a softmax right on scores
+  // that diverge upstream, or rows of one allowed key, is no rounding).
+  if (!best || !(best->rmse <= 0.1 * f.err) || !(best->rmse < 0.1 * left(Input, Type16::None))) return;
+  const std::string type = type16_name(best->type);
   const std::string what = best->v == Input         ? "its scores rounded to " + type + " before it"
                            : best->v == InputOutput ? "its scores and its output rounded to " + type
                                                     : "every step of it (the scores, exp, the running sum, the "

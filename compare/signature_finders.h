@@ -59,6 +59,12 @@ void find_partial_dims(Found& f, const TensorData& c, const TensorData& r, const
 void find_mask(Found& f, const TensorData& c, const TensorData& r);
 // candidate = f(reference), or mlp.act from the candidate's own gate and up.
 void find_elementwise(Found& f, const TensorData& c, const TensorData& r, const TensorSource& cand);
+// Each 16-bit finder below claims a rounding only where the op recomputed
+// with it fits the candidate within a tenth of its error, and within a tenth
+// of what the op recomputed without it leaves (an op right on inputs that
+// diverge upstream is no rounding); the recomputed values are tried stored
+// in float32 and, for an engine declaring a 16-bit dtype, in that type.
+//
 // `rope.cos` / `rope.sin`: the angles position x inv_freq (or inv_freq
 // itself) rounded to bfloat16 or float16 reproduce the candidate (the
 // reference's inv_freq and the step's positions read from the dumps).

@@ -10,7 +10,16 @@
 //             (attn_norm, mlp_norm, final_norm) of its input rounded to one
 //             of them (the weight read off the reference's input and output);
 //             or attn.probs as the softmax of the candidate's own scores in
-//             16 bits (its input, input and output, or every step rounded);
+//             16 bits (its input, input and output, or every step rounded).
+//             On 16-bit checkpoints and engines: the reference is at the
+//             candidate's declared dtype (a float32 candidate on bfloat16
+//             weights: float32 on those weights); a candidate declaring
+//             bfloat16 / float16 has its recomputed ops' closeness judged
+//             within that type's rounding (tol 1e-2 / 2e-3) and RoPE's table
+//             tried both stored in that type and in float32. A rounding its
+//             own type explains does not diverge, so gets no signature; nor
+//             does an op the same recompute without the rounding reproduces
+//             (right on inputs that diverge upstream);
 //  - scale:   candidate ~ c x reference, globally, per head or per row;
 //             c recognised against common factors (sqrt(D), sqrt(Dh),
 //             1/sqrt(Dh), Dh, 1/Dh, their MLA forms);

@@ -121,6 +121,21 @@ TEST(Explainers, AFloat32RunAtItsWeightsDtypeDeclaresIt) {
   EXPECT_FALSE(explain_weights_dtype(r));
 }
 
+// One op rounded to 16 bits (it and its consumers fail on their own inputs,
+// in one layer of one step) is that op's signature, not a dtype to declare;
+// a 16-bit engine's local failures are in every layer.
+TEST(Explainers, OneOpRoundedIsNoDtypeToDeclare) {
+  BisectResult r = diverging_at_step2();
+  r.evidence.weights_dtype = WeightsDtypeCheck{ComputeDType::BFloat16, true, 0.9};
+  add_local(r, local_site("step2.layers.0.attn_norm", false));
+  add_local(r, local_site("step2.layers.0.attn.q", false));
+  add_local(r, local_site("step2.layers.1.attn_norm", true));
+  EXPECT_FALSE(explain_weights_dtype(r));
+  add_local(r, local_site("step2.layers.1.attn.q", false));
+  ASSERT_TRUE(explain_weights_dtype(r));
+  EXPECT_EQ(explain_weights_dtype(r)->dtype, ComputeDType::BFloat16);
+}
+
 TEST(Explainers, ASixteenBitCacheByDesignDeclaresTheCacheType) {
   BisectResult r = diverging_at_step2();
   add_local(r, local_site("step2.layers.0.attn.k_cache", true));
