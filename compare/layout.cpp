@@ -65,6 +65,22 @@ std::vector<int64_t> rope_head_dims(int64_t last, const LayoutContext& ctx) {
   return dims;
 }
 
+}  // namespace
+
+std::optional<RopeSpan> rope_span(int64_t last, const LayoutContext& ctx) {
+  if (ctx.rope_dims >= 2 && ctx.rope_dims % 2 == 0) {
+    if (ctx.mla_head_dim > ctx.rope_dims && last % ctx.mla_head_dim == 0)
+      return RopeSpan{ctx.mla_head_dim, ctx.mla_head_dim - ctx.rope_dims, ctx.rope_dims};
+    if (last % ctx.rope_dims == 0) return RopeSpan{ctx.rope_dims, 0, ctx.rope_dims};
+    return std::nullopt;
+  }
+  const std::vector<int64_t> dims = rope_head_dims(last, ctx);
+  if (dims.empty()) return std::nullopt;
+  return RopeSpan{dims.front(), 0, dims.front()};
+}
+
+namespace {
+
 // Sites whose last axis carries RoPE pairs (unknown names too: an adapter's
 // own names may be anything).
 bool rope_site(const std::string& name) {
@@ -72,7 +88,7 @@ bool rope_site(const std::string& name) {
   if (c.kind == CanonName::Kind::Unknown) return true;
   static const std::vector<std::string> sites{"attn.q",      "attn.k",      "attn.q_norm", "attn.k_norm",
                                               "attn.q_rope", "attn.k_rope", "attn.k_cache", "attn.k_rep",
-                                              "rope.cos",    "rope.sin"};
+                                              "rope.cos",    "rope.sin",    "attn.k_pe",   "attn.k_pe_cache"};
   return std::find(sites.begin(), sites.end(), c.site) != sites.end();
 }
 
@@ -94,7 +110,7 @@ std::vector<Shape> views(const Shape& s, const Shape& other, const LayoutContext
     add({s[0], s[1] * s[2]});
   }
   if (s.size() == 2) {
-    std::vector<int64_t> split{ctx.head_dim, ctx.num_heads, ctx.num_kv_heads};
+    std::vector<int64_t> split{ctx.head_dim, ctx.num_heads, ctx.num_kv_heads, ctx.mla_head_dim};
     split.insert(split.end(), other.begin(), other.end());
     for (int64_t d : split) {
       if (d <= 1) continue;
@@ -141,20 +157,23 @@ std::string describe_layout(const LayoutFinding& f, const Shape& ref_shape, cons
 class TransformIndex {
  public:
   TransformIndex(const Shape& cv, const Shape& rv, const std::vector<int>& perm, const std::string& rope,
-                 int64_t head_dim)
-      : out_shape_(rv), rope_(rope), dh_(head_dim), n_(numel(rv)) {
+                 RopeSpan span)
+      : out_shape_(rv), rope_(rope), span_(span), n_(numel(rv)) {
     std::vector<int64_t> in_stride(cv.size(), 1);
     for (size_t d = cv.size(); d-- > 1;) in_stride[d - 1] = in_stride[d] * cv[d];
     for (size_t k = 0; k < perm.size(); ++k) step_.push_back(in_stride[size_t(perm[k])]);
   }
   int64_t source(int64_t o) const {
     int64_t k = o;  // index into the permuted candidate
-    if (!rope_.empty() && dh_ >= 2 && dh_ % 2 == 0 && o < n_ / dh_ * dh_) {
-      const int64_t b = o - o % dh_, j = o % dh_, half = dh_ / 2;
-      if (rope_ == "half->interleaved")
-        k = b + (j % 2 == 0 ? j / 2 : j / 2 + half);
-      else
-        k = b + (j < half ? 2 * j : 2 * (j - half) + 1);
+    const int64_t dh = span_.block;
+    if (!rope_.empty() && dh >= 2 && span_.len >= 2 && span_.len % 2 == 0 && o < n_ / dh * dh) {
+      const int64_t b = o - o % dh, j = o % dh - span_.start, half = span_.len / 2;
+      if (j >= 0 && j < span_.len) {
+        if (rope_ == "half->interleaved")
+          k = b + span_.start + (j % 2 == 0 ? j / 2 : j / 2 + half);
+        else
+          k = b + span_.start + (j < half ? 2 * j : 2 * (j - half) + 1);
+      }
     }
     int64_t src = 0;
     for (size_t d = out_shape_.size(); d-- > 0;) {
@@ -167,7 +186,8 @@ class TransformIndex {
  private:
   Shape out_shape_;
   std::string rope_;
-  int64_t dh_, n_;
+  RopeSpan span_;
+  int64_t n_;
   std::vector<int64_t> step_;
 };
 
@@ -220,14 +240,16 @@ std::optional<LayoutFinding> search_layouts(const std::string& name, const float
         bool plain = rv == ref_shape && cv == cand_shape && is_identity(p);
         std::vector<float> moved;  // the permuted candidate, made on first use
         std::vector<std::string> ropes{""};
-        if (rope_site(name) && !rv.empty() && !rope_head_dims(rv.back(), ctx).empty()) {
+        const std::optional<RopeSpan> pairs = rv.empty() ? std::nullopt : rope_span(rv.back(), ctx);
+        const RopeSpan span = pairs.value_or(RopeSpan{});
+        if (rope_site(name) && pairs) {
           ropes.push_back("interleaved->half");
           ropes.push_back("half->interleaved");
         }
         for (const std::string& rope : ropes) {
           if (plain && rope.empty()) continue;
-          const int64_t dh = rope.empty() ? 0 : rope_head_dims(rv.back(), ctx).front();
-          if (matching_only && !sample_may_match(ref_f, cand_f, n, TransformIndex(cv, rv, p, rope, dh), tol)) continue;
+          const RopeSpan sp = rope.empty() ? RopeSpan{} : span;
+          if (matching_only && !sample_may_match(ref_f, cand_f, n, TransformIndex(cv, rv, p, rope, sp), tol)) continue;
           if (moved.empty()) moved = permute_axes(cand_f, cv, p);
           LayoutFinding f;
           f.cand_view = cv;
@@ -240,7 +262,7 @@ std::optional<LayoutFinding> search_layouts(const std::string& name, const float
           if (rope.empty()) {
             evaluate(f, ref_f, moved.data(), n, tol, ulp_dtype, pool);
           } else {
-            auto repaired = rope_repair(moved.data(), n, dh, rope == "half->interleaved");
+            auto repaired = rope_repair(moved.data(), n, sp.block, rope == "half->interleaved", sp.start, sp.len);
             evaluate(f, ref_f, repaired.data(), n, tol, ulp_dtype, pool);
           }
           if (!best || better(f, *best)) best = std::move(f);
@@ -329,6 +351,10 @@ LayoutContext layout_context(const Manifest& ref, const Manifest& cand) {
       ctx.num_heads = c.num_attention_heads;
       ctx.num_kv_heads = c.num_key_value_heads;
       ctx.head_dim = c.head_dim;
+      if (c.mla.enabled) {
+        ctx.mla_head_dim = c.mla.qk_head_dim();
+        ctx.rope_dims = c.mla.qk_rope_head_dim;
+      }
       return ctx;
     } catch (const Error&) {
       // An unparsable config leaves the dims to be guessed from the shapes.
@@ -365,11 +391,13 @@ std::vector<float> permute_axes(const float* x, const Shape& shape, const std::v
   return out;
 }
 
-std::vector<float> rope_repair(const float* x, int64_t n, int64_t head_dim, bool half_to_interleaved) {
+std::vector<float> rope_repair(const float* x, int64_t n, int64_t head_dim, bool half_to_interleaved,
+                               int64_t start, int64_t len) {
   std::vector<float> out(x, x + n);
-  if (head_dim < 2 || head_dim % 2 != 0) return out;
-  const int64_t half = head_dim / 2;
-  for (int64_t b = 0; b + head_dim <= n; b += head_dim) {
+  if (len == 0) len = head_dim - start;
+  if (head_dim < 2 || len < 2 || len % 2 != 0 || start < 0 || start + len > head_dim) return out;
+  const int64_t half = len / 2;
+  for (int64_t b = start; b - start + head_dim <= n; b += head_dim) {
     for (int64_t i = 0; i < half; ++i) {
       if (half_to_interleaved) {
         out[size_t(b + 2 * i)] = x[b + i];
@@ -428,11 +456,14 @@ std::vector<LayoutFinding> explain_value_mismatch(const std::string& name, const
   std::vector<LayoutFinding> out;
   if (auto f = search_layouts(name, ref, shape, cand, shape, tol, ulp_dtype, ctx, false, true, pool); f && f->matches) {
     if (f->kind == LayoutFinding::Kind::RopePairing) {
-      int64_t dh = rope_head_dims(shape.back(), ctx).front();
+      const RopeSpan sp = *rope_span(shape.back(), ctx);
       bool cand_interleaved = f->rope == "interleaved->half";
+      const std::string where = sp.len == sp.block ? "Dh=" + std::to_string(sp.block)
+                                                   : "in the Dr = " + std::to_string(sp.len) +
+                                                         " rope dims of each head of " + std::to_string(sp.block);
       f->summary = std::string("candidate pairs RoPE dims as ") + (cand_interleaved ? "(2i, 2i+1)" : "(i, i+Dh/2)") +
-                   " where the reference pairs " + (cand_interleaved ? "(i, i+Dh/2)" : "(2i, 2i+1)") +
-                   " (Dh=" + std::to_string(dh) + "): matches after re-pairing " + f->rope + " (" + error_words(*f) + ")";
+                   " where the reference pairs " + (cand_interleaved ? "(i, i+Dh/2)" : "(2i, 2i+1)") + " (" + where +
+                   "): matches after re-pairing " + f->rope + " (" + error_words(*f) + ")";
     } else {
       f->summary = describe_layout(*f, shape, shape);
     }

@@ -17,7 +17,18 @@ namespace llmdiff::compare {
 // the other tensor's dims are tried instead).
 struct LayoutContext {
   int64_t num_heads = 0, num_kv_heads = 0, head_dim = 0;
+  // MLA: RoPE rotates only the last rope_dims (Dr) of each q/k head of
+  // mla_head_dim (Dn + Dr) dims, and all of k_pe (0: not MLA, the whole
+  // head rotates).
+  int64_t mla_head_dim = 0, rope_dims = 0;
 };
+// Where RoPE pairs lie along a last axis of `last` values: in every block of
+// `block`, the `len` from `start` (the whole head; MLA's last Dr of a q/k
+// head, or all of a k_pe row). nullopt: no head dim fits.
+struct RopeSpan {
+  int64_t block = 0, start = 0, len = 0;
+};
+std::optional<RopeSpan> rope_span(int64_t last, const LayoutContext& ctx);
 // From the `config` of the reference manifest, else the candidate's.
 LayoutContext layout_context(const Manifest& ref, const Manifest& cand);
 
@@ -44,10 +55,11 @@ const char* finding_kind_name(LayoutFinding::Kind k);  // "permute", "head-split
 // numpy-style transpose: out.shape[k] = shape[perm[k]].
 std::vector<float> permute_axes(const float* x, const Shape& shape, const std::vector<int>& perm,
                                 Shape* out_shape = nullptr);
-// Re-pairs RoPE rotations in every block of `head_dim` along the flat data:
-// "half->interleaved" moves (i, i+Dh/2) to (2i, 2i+1); "interleaved->half"
-// does the inverse.
-std::vector<float> rope_repair(const float* x, int64_t n, int64_t head_dim, bool half_to_interleaved);
+// Re-pairs RoPE rotations in every block of `head_dim` along the flat data
+// (in its `len` values from `start`; len 0: all of it): "half->interleaved"
+// moves (i, i+len/2) to (2i, 2i+1); "interleaved->half" does the inverse.
+std::vector<float> rope_repair(const float* x, int64_t n, int64_t head_dim, bool half_to_interleaved,
+                               int64_t start = 0, int64_t len = 0);
 // The first `len` entries along `axis`.
 std::vector<float> slice_prefix(const float* x, const Shape& shape, int axis, int64_t len);
 

@@ -309,6 +309,45 @@ TEST(BisectLayout, AnEnginesOwnRopeLayoutIsTheFindingNotABug) {
   EXPECT_NE(bug.finding.kind, compare::FindingKind::Layout);
 }
 
+// llama.cpp's DeepSeek layout: RoPE on adjacent pairs of the raw weights'
+// order, where HF reorders them to halves first (rope_interleave): after
+// the rotation the Dr rope dims of each head (the last Dr of a q/k head, all
+// of a k_pe row) are laid out interleaved, the nope dims as HF's. The
+// engine's own layout, not a bug, found in the rope dims only.
+TEST(BisectLayout, AnMlaEnginesOwnRopeLayoutIsFoundInTheRopeDims) {
+  const bisect::ModelOracles& m = oracles("deepseek-v3-mla");
+  DumpFile golden(golden_dump("deepseek-v3-mla", "decode"));
+  const int64_t Dr = m.model.config.mla.qk_rope_head_dim, Dk = m.model.config.mla.qk_head_dim();
+  MemoryDump permuted("llama.cpp-style MLA rope layout");
+  permuted.mutable_manifest() = golden.manifest();
+  int changed = 0;
+  for (const auto& n : golden.names()) {
+    TensorData t = golden.get(n);
+    const std::string site = parse_name(n).site;
+    const bool head = site == "attn.q_rope" || site == "attn.k_rope" || site == "attn.k_cache" || site == "attn.k_rep";
+    if (head || site == "attn.k_pe_cache") {
+      const int64_t block = head ? Dk : Dr, start = block - Dr;
+      std::vector<float> out = t.f;
+      for (size_t base = 0; base < t.f.size(); base += size_t(block))
+        for (int64_t i = 0; i < Dr / 2; ++i) {
+          out[base + size_t(start + 2 * i)] = t.f[base + size_t(start + i)];
+          out[base + size_t(start + 2 * i + 1)] = t.f[base + size_t(start + i + Dr / 2)];
+        }
+      t.f = out;
+      ++changed;
+    }
+    permuted.put(t);
+  }
+  ASSERT_GT(changed, 0);
+  BisectResult r = bisect::bisect_candidate(m, permuted, BisectOptions{});
+  SCOPED_TRACE(describe(r));
+  EXPECT_FALSE(compare::named_bug(r.finding));
+  ASSERT_EQ(r.finding.kind, compare::FindingKind::Layout);
+  EXPECT_EQ(r.finding.layout.rope, "interleaved->half");
+  EXPECT_NE(r.finding.evidence.find("engine's own layout"), std::string::npos);
+  EXPECT_NE(r.finding.layout.summary.find("rope dims of each head"), std::string::npos) << r.finding.layout.summary;
+}
+
 // Bugs outside the zoo, made by transforming HF's own dump at one name, on
 // every golden model: the error's signature (kind and parameter) is reported
 // in text, Markdown and JSON, and no zoo bug is claimed.
