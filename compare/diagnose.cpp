@@ -290,13 +290,15 @@ void local_evidence(const Context& cx, HypothesisEvidence& e) {
 // op exactly as the reference computes it, it does not act on the op that
 // is wrong there: it is not replayed, and its summary says so. Hypotheses
 // the local oracle cannot recompute, those that change that op at all (a
-// wrong parameter value too) and first local failures in the first call
-// (whose replay is short) are replayed as before.
+// wrong parameter value too) and first local failures in the first layer of
+// the first call (whose replay is short) are replayed as before.
 bool screened_out_locally(const Context& cx, HypothesisEvidence& e) {
   const DiagnoseInputs& in = cx.in;
   if (cx.local_focus.empty() || !in.oracle || !in.cand_local || !in.oracle->supports(e.hypothesis)) return false;
+  // A replay to a first local failure in the first layer of the first call
+  // is short: it is replayed as before.
   const CanonName focus = parse_name(cx.local_focus);
-  if (focus.step <= cx.first_step) return false;
+  if (focus.step <= cx.first_step && focus.kind == CanonName::Kind::Layer && focus.layer == 0) return false;
   const LocalSite* clean = cx.local->find(cx.local_focus);
   if (!clean || clean->pass) return false;
   try {
