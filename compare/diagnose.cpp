@@ -16,6 +16,7 @@
 #include "compare/parallel.h"
 #include "compare/tolerance.h"
 #include "dumps/base/errors.h"
+#include "dumps/contract/sites.h"
 
 namespace llmdiff::compare {
 
@@ -295,10 +296,15 @@ void local_evidence(const Context& cx, HypothesisEvidence& e) {
 bool screened_out_locally(const Context& cx, HypothesisEvidence& e) {
   const DiagnoseInputs& in = cx.in;
   if (cx.local_focus.empty() || !in.oracle || !in.cand_local || !in.oracle->supports(e.hypothesis)) return false;
-  // A replay to a first local failure in the first layer of the first call
-  // is short: it is replayed as before.
+  // A replay to a first local failure in the first call before its second
+  // layer (the inputs, the mask, RoPE's table, layer 0) is short: it is
+  // replayed as before. After the layers (last_hidden, logits) it is not.
   const CanonName focus = parse_name(cx.local_focus);
-  if (focus.step <= cx.first_step && focus.kind == CanonName::Kind::Layer && focus.layer == 0) return false;
+  const bool after_layers = focus.kind == CanonName::Kind::Step &&
+                            (focus.site == site_name(Site::FinalNorm) || focus.site == site_name(Site::LastHidden) ||
+                             focus.site == site_name(Site::Logits) || focus.site == site_name(Site::NextLogits));
+  const bool early = focus.kind == CanonName::Kind::Layer ? focus.layer == 0 : !after_layers;
+  if (focus.step <= cx.first_step && early) return false;
   const LocalSite* clean = cx.local->find(cx.local_focus);
   if (!clean || clean->pass) return false;
   try {
