@@ -267,7 +267,7 @@ std::unique_ptr<MemoryDump> ImplHypothesisRunner::run(const compare::Hypothesis&
                                                       const std::vector<std::string>& wanted) const {
   impl::ImplOptions o;
   o.threads = threads_;
-  o.release_weights = weight_policy(model_, 0).stream;  // as `dump` holds the checkpoint
+  o.release_weights = weight_policy(model_, memory_budget_).stream;  // as `dump` holds the checkpoint
   o.precision = precision_;
   if (!h.bug.empty()) {
     zoo::BugSpec spec = zoo::parse_bug(h.bug);
@@ -293,7 +293,9 @@ std::unique_ptr<MemoryDump> ImplHypothesisRunner::run(const compare::Hypothesis&
 }
 
 std::unique_ptr<compare::HypothesisRunner> ImplHypothesisRunner::with_threads(int threads) const {
-  return std::make_unique<ImplHypothesisRunner>(model_, threads, precision_);
+  auto copy = std::make_unique<ImplHypothesisRunner>(model_, threads, precision_);
+  copy->set_memory_budget(memory_budget_);
+  return copy;
 }
 
 std::optional<double> ImplHypothesisRunner::configured(const std::string& bug) const {
@@ -503,7 +505,7 @@ std::unique_ptr<MemoryDump> run_impl_candidate(const ModelOracles& m, const Scen
   auto cand = std::make_unique<MemoryDump>(label);
   cand->spill();
   EngineOptions o = eo;
-  o.release_weights = weight_policy(m.model, 0).stream;  // as `dump` holds the checkpoint
+  o.release_weights = weight_policy(m.model, m.memory_budget).stream;  // as `dump` holds the checkpoint
   auto engine = make_engine("impl", m.model, o);
   cand->mutable_manifest() = make_manifest(*engine, m.model, m.dir, sc);
   cand->set_filter(record);

@@ -76,11 +76,15 @@ class ImplHypothesisRunner : public compare::HypothesisRunner {
   bool acts_in(const std::string& bug, const Scenario& sc) const override;
   int replay_start(const compare::Hypothesis& h, const Scenario& sc, const TensorSource& cand) const override;
   std::unique_ptr<compare::HypothesisRunner> with_threads(int threads) const override;
+  // A checkpoint larger than `bytes` is streamed layer by layer by every run
+  // (0: the default budget, bisect/engines.h weight_policy).
+  void set_memory_budget(int64_t bytes) { memory_budget_ = bytes; }
 
  private:
   const Model& model_;
   int threads_;
   PrecisionProfile precision_;
+  int64_t memory_budget_ = 0;
 };
 
 // A model directory loaded with the three runners.
@@ -94,6 +98,14 @@ struct ModelOracles {
   RefRunner reference;
   RefLocalOracle oracle;
   ImplHypothesisRunner hypotheses;
+  // The impl's runs (the candidate's, the clean run, every replay) stream a
+  // checkpoint larger than this layer by layer (0: the default budget, half
+  // the memory available; bisect/engines.h weight_policy).
+  int64_t memory_budget = 0;
+  void set_memory_budget(int64_t bytes) {
+    memory_budget = bytes;
+    hypotheses.set_memory_budget(bytes);
+  }
 };
 
 // bisect() of bisect/schedule.h with the model's runners; the rounding

@@ -83,7 +83,7 @@ std::shared_ptr<const RankView> rank_replay(const ModelOracles& m, const RankVie
     const Scenario sc = replay_scenario(cand);
     impl::ImplOptions o;
     o.threads = m.threads;
-    o.release_weights = weight_policy(m.model, 0).stream;  // as `dump` holds the checkpoint
+    o.release_weights = weight_policy(m.model, m.memory_budget).stream;  // as `dump` holds the checkpoint
     o.precision = precision;
     o.tensor_parallel = cand.ranks();
     if (bug) o.bugs = {*bug};

@@ -32,6 +32,10 @@ void add_bisect_cli_options(CLI::App& sub, BisectCliOptions& o) {
                  "also write JUnit XML to this file (a testcase for the forward pass, per sequence of a batch, and "
                  "for the sampler; a failure's message is the verdict's headline)");
   sub.add_option("--threads", o.threads, "threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  sub.add_option("--memory-budget", o.memory_budget,
+                 "impl runs (the clean run, the replays): a checkpoint larger than this (e.g. 8GB) is streamed layer "
+                 "by layer, one layer's pages resident at a time; a smaller one stays resident (default: half the "
+                 "memory available when the command starts)");
   sub.add_flag("--verbose", o.verbose,
                "print each phase as it ends, with the elapsed time, peak memory and disk traffic, on stderr");
 }

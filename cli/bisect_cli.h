@@ -25,6 +25,7 @@ struct BisectCliOptions {
   std::string junit;                // --junit FILE.xml
   int threads = 0;
   bool verbose = false;             // --verbose: phase timings on stderr
+  std::string memory_budget;        // --memory-budget SIZE (empty: half the memory available)
 };
 void add_bisect_cli_options(CLI::App& sub, BisectCliOptions& o);
 // `log` (when enabled) receives the pipeline's phases.

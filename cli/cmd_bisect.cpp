@@ -34,6 +34,7 @@ int run_bisect(const BisectCommandOptions& o) {
   DumpFile cand(o.candidate);
   PhaseLog log(o.bisect.verbose);
   bisect::ModelOracles m(o.model, o.bisect.threads);
+  m.set_memory_budget(parse_memory_budget(o.bisect.memory_budget));
   log("model loaded");
   bisect::BisectOptions opt = bisect_options(o.bisect, &log);
   opt.source = o.source;

@@ -46,14 +46,7 @@ int list_bugs() {
 
 // Several sequences through the continuous-batching engine: each under
 // seq{b}., the engine's iterations and its paged cache's bookkeeping.
-int64_t memory_budget(const DumpOptions& o) {
-  if (o.memory_budget.empty()) return 0;
-  try {
-    return int64_t(synth::parse_byte_size(o.memory_budget));
-  } catch (const Error& e) {
-    throw UsageError(std::string("--memory-budget: ") + e.what());
-  }
-}
+int64_t memory_budget(const DumpOptions& o) { return parse_memory_budget(o.memory_budget); }
 
 int run_batch_dump(const DumpOptions& o, const Model& model) {
   if (o.engine != "impl")

@@ -26,6 +26,7 @@ int run_run(const RunOptions& o) {
   Scenario sc = o.scenario.scenario();
   PhaseLog log(o.bisect.verbose);
   bisect::ModelOracles m(o.model, o.bisect.threads);
+  m.set_memory_budget(parse_memory_budget(o.bisect.memory_budget));
   log("model loaded");
   EngineOptions eo;
   eo.threads = o.bisect.threads;

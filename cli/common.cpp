@@ -14,8 +14,18 @@
 #include "dumps/base/blas_core.h"
 #include "dumps/base/errors.h"
 #include "dumps/contract/ranks.h"
+#include "synth/synth.h"
 
 namespace llmdiff::cli {
+
+int64_t parse_memory_budget(const std::string& text) {
+  if (text.empty()) return 0;
+  try {
+    return int64_t(synth::parse_byte_size(text));
+  } catch (const Error& e) {
+    throw UsageError(std::string("--memory-budget: ") + e.what());
+  }
+}
 
 std::vector<std::string> split_list(const std::string& text) {
   std::vector<std::string> out;

@@ -23,6 +23,9 @@ using bisect::dir_name;
 std::vector<int64_t> parse_int_list(const std::string& text, const std::string& option);
 // "a,b" -> {"a","b"} (empty items dropped).
 std::vector<std::string> split_list(const std::string& text);
+// --memory-budget SIZE ("8GB", "500MB") in bytes; "" -> 0 (the default
+// budget). Throws UsageError naming the option on a bad size.
+int64_t parse_memory_budget(const std::string& text);
 
 // The scenario of --tokens/--chunks/--decode or of --replay DUMP (exactly one
 // of tokens/replay must be given).

@@ -308,4 +308,21 @@ TEST(CliSynthBench, DumpHoldsTheCheckpointByTheMemoryBudgetWithTheSameValues) {
   const auto bad = llmdiff::testing::run_cli({"dump", "--engine", "impl", "--model", dir, "--tokens", "1,2",
                                               "--memory-budget", "lots", "--out", files[0]});
   EXPECT_EQ(bad.code, 2);
+  // `run` and `bisect` hold the impl's runs (the candidate's, the clean run,
+  // the replays) by the same budget: the same verdict either way.
+  std::string out[2];
+  for (int k = 0; k < 2; ++k) {
+    const auto run = llmdiff::testing::run_cli({"run", "--model", dir, "--tokens", "1,2,3,4,5", "--decode", "2",
+                                                "--inject", "mask-square", "--memory-budget", budgets[k], "--json"});
+    ASSERT_EQ(run.code, 1) << run.out << run.error;
+    const auto j = nlohmann::json::parse(run.out);
+    out[k] = j["localised_at"].dump() + " " + j["diagnosis"]["bug"].dump();
+    EXPECT_EQ(j["diagnosis"]["bug"], "mask-square") << run.out;
+  }
+  EXPECT_EQ(out[0], out[1]);
+  const auto bisect = llmdiff::testing::run_cli({"bisect", "--model", dir, files[0], "--memory-budget", "1KB"});
+  EXPECT_EQ(bisect.code, 0) << bisect.out << bisect.error;
+  const auto bad_bisect = llmdiff::testing::run_cli({"bisect", "--model", dir, files[0], "--memory-budget", "lots"});
+  EXPECT_EQ(bad_bisect.code, 2);
+  EXPECT_NE(bad_bisect.error.find("--memory-budget"), std::string::npos) << bad_bisect.error;
 }
