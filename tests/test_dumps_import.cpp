@@ -8,6 +8,7 @@
 
 #include "dumps/model/config.h"
 #include "dumps/base/errors.h"
+#include "dumps/formats/npy.h"
 #include "dumps/import/foreign.h"
 #include "dumps/import/import.h"
 #include "dumps/import/import_ops.h"
@@ -321,6 +322,49 @@ to = "tokens"
     ADD_FAILURE() << "a corrupt archive was read";
   } catch (const FormatError& e) {
     EXPECT_NE(std::string(e.what()).find("corrupt.npz"), std::string::npos) << e.what();
+  }
+}
+
+// Archives shorter than the records they point at: a zip64 locator in a
+// 52-byte file, and a zip64 extra field claiming past its central entry. Each
+// is an error naming the archive, read without touching bytes outside it.
+TEST(ImportNumpy, ZipRecordsPointingPastTheArchiveAreErrors) {
+  auto le = [](std::vector<uint8_t>& b, size_t at, uint64_t v, int n) {
+    for (int k = 0; k < n; ++k) b[at + k] = uint8_t(v >> (8 * k));
+  };
+  // A locator whose zip64 record would start beyond a file this short.
+  std::vector<uint8_t> tiny(52, 0);
+  le(tiny, 52 - 22 - 20, 0x07064b50, 4);  // zip64 locator
+  le(tiny, 52 - 22 - 20 + 8, 1ull << 40, 8);  // record a TiB past the start
+  le(tiny, 52 - 22, 0x06054b50, 4);       // end of central directory
+  le(tiny, 52 - 22 + 10, 0xFFFF, 2);      // count saturated: read zip64
+  EXPECT_THROW(zip_members(tiny.data(), tiny.size(), "tiny.npz"), FormatError);
+  // One central entry whose zip64 extra field says 0xFFFF bytes but the entry
+  // holds its 4-byte header and 2 more: the 64-bit size is not there to read
+  // (the bytes after it are the end-of-directory record).
+  std::vector<uint8_t> cd(46 + 1 + 6, 0);
+  le(cd, 0, 0x02014b50, 4);
+  le(cd, 24, 0xFFFFFFFFu, 4);  // size saturated
+  le(cd, 28, 1, 2);            // name length
+  le(cd, 30, 6, 2);            // extra length
+  cd[46] = 'a';
+  le(cd, 47, 0x0001, 2);
+  le(cd, 49, 0xFFFF, 2);
+  std::vector<uint8_t> eocd(22, 0);
+  le(eocd, 0, 0x06054b50, 4);
+  le(eocd, 10, 1, 2);
+  le(eocd, 12, cd.size(), 4);
+  le(eocd, 16, 0, 4);
+  std::vector<uint8_t> zip = cd;
+  zip.insert(zip.end(), eocd.begin(), eocd.end());
+  const std::vector<ZipMember> ms = zip_members(zip.data(), zip.size(), "extra.npz");
+  ASSERT_EQ(ms.size(), 1u);
+  EXPECT_EQ(ms[0].size, 0xFFFFFFFFu);  // left saturated: no 8 bytes of it inside the entry
+  try {
+    zip_extract(zip.data(), zip.size(), ms[0], "extra.npz");
+    ADD_FAILURE() << "a member without a local header was read";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("extra.npz"), std::string::npos) << e.what();
   }
 }
 

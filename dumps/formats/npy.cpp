@@ -231,7 +231,7 @@ std::vector<ZipMember> zip_members(const uint8_t* data, size_t size, const std::
     if (eocd < 20 || le32(data + eocd - 20) != 0x07064b50)
       throw FormatError(file, "", "zip64 archive without its end-of-directory locator");
     const uint64_t rec = le64(data + eocd - 20 + 8);
-    if (rec > size - 56 || le32(data + rec) != 0x06064b50) throw FormatError(file, "", "zip64 record malformed");
+    if (size < 56 || rec > size - 56 || le32(data + rec) != 0x06064b50) throw FormatError(file, "", "zip64 record malformed");
     count = le64(data + rec + 32);
     cd_size = le64(data + rec + 40);
     cd_offset = le64(data + rec + 48);
@@ -252,13 +252,15 @@ std::vector<ZipMember> zip_members(const uint8_t* data, size_t size, const std::
     if (p + 46 + name_len + extra_len + comment_len > end) throw FormatError(file, "", "zip central directory malformed");
     m.name.assign(reinterpret_cast<const char*>(data + p + 46), name_len);
     // zip64 extra field: the 64-bit values of the fields saturated above, in order.
-    for (size_t e = p + 46 + name_len; e + 4 <= p + 46 + name_len + extra_len;) {
+    const size_t extra_end = p + 46 + name_len + extra_len;
+    for (size_t e = p + 46 + name_len; e + 4 <= extra_end;) {
       const uint16_t id = le16(data + e), len = le16(data + e + 2);
       size_t q = e + 4;
+      const size_t field_end = std::min(e + 4 + len, extra_end);  // a field may not claim past the extra area
       if (id == 0x0001) {
-        if (m.size == 0xFFFFFFFFu && q + 8 <= e + 4 + len) m.size = le64(data + q), q += 8;
-        if (m.compressed == 0xFFFFFFFFu && q + 8 <= e + 4 + len) m.compressed = le64(data + q), q += 8;
-        if (m.local_offset == 0xFFFFFFFFu && q + 8 <= e + 4 + len) m.local_offset = le64(data + q), q += 8;
+        if (m.size == 0xFFFFFFFFu && q + 8 <= field_end) m.size = le64(data + q), q += 8;
+        if (m.compressed == 0xFFFFFFFFu && q + 8 <= field_end) m.compressed = le64(data + q), q += 8;
+        if (m.local_offset == 0xFFFFFFFFu && q + 8 <= field_end) m.local_offset = le64(data + q), q += 8;
       }
       e += 4 + len;
     }
