@@ -47,26 +47,17 @@ void rotate(const float* x, float* out, float pos, const Variant& v, const Input
   const int64_t Dh = in.Dh;
   std::copy(x, x + Dh, out);
   if (v.rope == Rope::None || (v.rope == Rope::QOnly && !is_query) || (v.rope == Rope::KOnly && is_query)) return;
-  auto angle = [&](double freq) { return double(pos * float(freq)); };
-  if (v.rope == Rope::Interleaved) {
-    for (int64_t i = 0; i < Dh / 2; ++i) {
-      const double a = angle(in.inv_freq[size_t(i)]), c = std::cos(a), s = std::sin(a);
-      const double x0 = x[2 * i], x1 = x[2 * i + 1];
-      out[2 * i] = float(x0 * c - x1 * s);
-      out[2 * i + 1] = float(x1 * c + x0 * s);
-    }
-    return;
-  }
-  const int64_t R = v.rope == Rope::Partial ? v.rotated : Dh, h = R / 2;
-  for (int64_t i = 0; i < h; ++i) {
+  const int64_t R = v.rope == Rope::Partial ? v.rotated : Dh, half = R / 2;
+  std::vector<double> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) {
     const double freq = v.rope == Rope::Partial && v.own_freqs
                             ? double(float(1.0 / std::pow(in.theta, double(2 * i) / double(R))))
                             : double(in.inv_freq[size_t(i)]);
-    const double a = angle(freq), c = std::cos(a), s = std::sin(a);
-    const double x0 = x[i], x1 = x[i + h];
-    out[i] = float(x0 * c - x1 * s);
-    out[i + h] = float(x1 * c + x0 * s);
+    const double a = double(pos * float(freq));
+    c[size_t(i)] = std::cos(a);
+    s[size_t(i)] = std::sin(a);
   }
+  rotate_pairs(x, out, half, c.data(), s.data(), v.rope == Rope::Interleaved ? Pairing::Interleaved : Pairing::Halves);
 }
 
 // attn.ctx [T, Hq*Dh] under the variant, in double.

@@ -771,11 +771,6 @@ void find_softmax_precision(Found& f, const TensorData& c, const TensorSource& c
 
 namespace {
 
-// How a RoPE rotates the dims it covers: rotate-half pairs (i, i+R/2),
-// adjacent pairs (2i, 2i+1) in place, or DeepSeek's rope_interleave (pairs
-// (2i, 2i+1) rotated and left in halves order).
-enum class Pairing { Halves, Interleaved, PairsToHalves };
-
 const char* pairing_words(Pairing p) {
   switch (p) {
     case Pairing::Halves: return "pairs (i, i+R/2)";
@@ -863,17 +858,7 @@ std::vector<float> rotate_part(const RopeSite& s, const std::vector<float>& pos,
   for (int64_t r = 0; r < rows; ++r) {
     const float* x = s.input.data() + r * s.width + start;
     float* o = y.data() + r * s.width + start;
-    const float* c = cs.data() + (r % s.T) * half;
-    const float* sv = sn.data() + (r % s.T) * half;
-    for (int64_t i = 0; i < half; ++i) {
-      // (a, b) the pair's two inputs, written to (ia, ib).
-      int64_t ia = i, ib = i + half;
-      float a = x[i], b = x[i + half];
-      if (pairing != Pairing::Halves) a = x[2 * i], b = x[2 * i + 1];
-      if (pairing == Pairing::Interleaved) ia = 2 * i, ib = 2 * i + 1;
-      o[ia] = a * c[i] - b * sv[i];
-      o[ib] = b * c[i] + a * sv[i];
-    }
+    rotate_pairs(x, o, half, cs.data() + (r % s.T) * half, sn.data() + (r % s.T) * half, pairing);
   }
   return y;
 }

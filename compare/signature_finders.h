@@ -29,6 +29,26 @@ struct Heads {
 };
 std::optional<Heads> heads_of(const std::string& site, const Shape& shape, const std::optional<ModelConfig>& cfg);
 
+// How a RoPE rotates the dims it covers: rotate-half pairs (i, i+R/2),
+// adjacent pairs (2i, 2i+1) in place, or DeepSeek's rope_interleave (pairs
+// (2i, 2i+1) rotated and left in halves order).
+enum class Pairing { Halves, Interleaved, PairsToHalves };
+
+// RoPE's rotation of the R = 2*half dims at x into out: pair i's inputs
+// (a, b) by `pairing` rotated by (c[i], s[i]), a*c - b*s and b*c + a*s,
+// in T's arithmetic (float: HF's float32 op; double: a recompute's).
+template <typename T>
+void rotate_pairs(const float* x, float* out, int64_t half, const T* c, const T* s, Pairing pairing) {
+  for (int64_t i = 0; i < half; ++i) {
+    int64_t ia = i, ib = i + half;  // where (a, b) are written
+    T a = x[i], b = x[i + half];
+    if (pairing != Pairing::Halves) a = x[2 * i], b = x[2 * i + 1];
+    if (pairing == Pairing::Interleaved) ia = 2 * i, ib = 2 * i + 1;
+    out[ia] = float(a * c[i] - b * s[i]);
+    out[ib] = float(b * c[i] + a * s[i]);
+  }
+}
+
 // The signatures found for one name, with the error they are judged against.
 struct Found {
   std::string name;
