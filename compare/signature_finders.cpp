@@ -653,8 +653,8 @@ void find_rope_angle_precision(Found& f, const TensorData& c, const TensorData& 
                                   num(row_err(T - 1)) + " at position " + num(p[size_t(T - 1)]) + ")");
 }
 
-void find_norm_input_precision(Found& f, const TensorData& c, const TensorData& r, const TensorSource& cand,
-                               const TensorSource& ref, const std::optional<ModelConfig>& cfg) {
+void find_norm_variant(Found& f, const TensorData& c, const TensorData& r, const TensorSource& cand,
+                       const TensorSource& ref, const std::optional<ModelConfig>& cfg) {
   const CanonName& cn = f.cn;
   std::string input;  // the norm's input (HF's residual stream at that point)
   if (cn.site == "attn_norm" && cn.kind == CanonName::Kind::Layer)
@@ -683,30 +683,83 @@ void find_norm_input_precision(Found& f, const TensorData& c, const TensorData& 
       if (std::fabs(xn) > best[size_t(j)]) best[size_t(j)] = std::fabs(xn), w[size_t(j)] = r.f[size_t(t * D + j)] / xn;
     }
   }
-  // The rmse left by the norm of the candidate's input rounded to `t16`.
-  auto left = [&](Type16 t16) {
+  // One change of HF's LlamaRMSNorm (weight * x * rsqrt(mean(x^2) + eps)).
+  enum class Norm { Hf, OnePlusWeight, NoWeight, MeanSubtracted, EpsOutsideSqrt, WeightFirst };
+  // The rmse left by the norm of the candidate's input, rounded to `t16`,
+  // with the change.
+  auto left = [&](Type16 t16, Norm v) {
     std::vector<float> x(xc.f), h(size_t(T * D));
-    for (float& v : x) v = round16(v, t16);
+    for (float& e : x) e = round16(e, t16);
     for (int64_t t = 0; t < T; ++t) {
-      const double k = inv_rms(x.data() + t * D);
-      for (int64_t j = 0; j < D; ++j) h[size_t(t * D + j)] = float(w[size_t(j)] * (double(x[size_t(t * D + j)]) * k));
+      const float* row = x.data() + t * D;
+      std::vector<double> y(row, row + D);
+      if (v == Norm::WeightFirst)
+        for (int64_t j = 0; j < D; ++j) y[size_t(j)] *= w[size_t(j)];
+      if (v == Norm::MeanSubtracted) {
+        double mean = 0;
+        for (double e : y) mean += e;
+        mean /= double(D);
+        for (double& e : y) e -= mean;
+      }
+      double ss = 0;
+      for (double e : y) ss += e * e;
+      const double k = v == Norm::EpsOutsideSqrt ? 1.0 / (std::sqrt(ss / double(D)) + eps)
+                                                 : 1.0 / std::sqrt(ss / double(D) + eps);
+      for (int64_t j = 0; j < D; ++j) {
+        const double g = v == Norm::OnePlusWeight ? 1.0 + w[size_t(j)]
+                         : v == Norm::NoWeight || v == Norm::WeightFirst ? 1.0
+                                                                          : w[size_t(j)];
+        h[size_t(t * D + j)] = float(g * (y[size_t(j)] * k));
+      }
     }
     return stored_rmse(c, std::move(h), declared16(cand));
   };
+  // Each claim must fit far better than the norm of the unchanged input (a
+  // norm right on an input that diverges upstream is no change of the norm).
+  const double exact = left(Type16::None, Norm::Hf);
+  auto fits = [&](double e) { return e <= 0.1 * f.err && e < 0.1 * exact; };
+  // The input rounded to 16 bits before the norm.
   struct Try {
     Type16 type;
     double rmse;
   };
   std::optional<Try> found;
   for (Type16 t16 : {Type16::BFloat16, Type16::Float16})
-    if (const double e = left(t16); !found || e < found->rmse) found = Try{t16, e};
-  // ... and far better than the norm of the unrounded input (a norm right on
-  // an input that diverges upstream is no rounding).
-  if (!found || !(found->rmse <= 0.1 * f.err) || !(found->rmse < 0.1 * left(Type16::None))) return;
-  f.add_decisive("precision", std::string("the norm's input ") + input + " rounded to " +
-                                  type16_name(found->type) + " before the norm reproduces the candidate "
-                                  "(rmse " + num(found->rmse) + " against that, " + num(f.err) +
-                                  " against the reference): the residual stream cast to 16 bits for the norm");
+    if (const double e = left(t16, Norm::Hf); !found || e < found->rmse) found = Try{t16, e};
+  if (found && fits(found->rmse)) {
+    f.add_decisive("precision", std::string("the norm's input ") + input + " rounded to " +
+                                    type16_name(found->type) + " before the norm reproduces the candidate "
+                                    "(rmse " + num(found->rmse) + " against that, " + num(f.err) +
+                                    " against the reference): the residual stream cast to 16 bits for the norm");
+    return;
+  }
+  // Another norm formula on the candidate's own input.
+  struct Variant {
+    Norm v;
+    const char* words;
+  };
+  const Variant variants[] = {
+      {Norm::OnePlusWeight, "the weight is applied as (1 + weight) (Gemma's RMSNorm)"},
+      {Norm::NoWeight, "the weight is not applied"},
+      {Norm::MeanSubtracted, "the mean is subtracted first (a LayerNorm, not an RMSNorm)"},
+      {Norm::EpsOutsideSqrt, "eps is added after the square root: x / (sqrt(mean(x^2)) + eps)"},
+      {Norm::WeightFirst, "the weight is applied before the normalisation, not after"},
+  };
+  // A weight the same in every channel (a checkpoint's initial ones) makes
+  // the three forms that move it a global scale: those are the scale
+  // finder's, not told apart here.
+  const auto [w_lo, w_hi] = std::minmax_element(w.begin(), w.end());
+  const bool weight_varies = *w_hi - *w_lo > 1e-3 * std::max(std::fabs(*w_lo), std::fabs(*w_hi));
+  const Variant* hit = nullptr;
+  double hit_rmse = 0;
+  for (const Variant& v : variants) {
+    if (!weight_varies && v.v != Norm::MeanSubtracted && v.v != Norm::EpsOutsideSqrt) continue;
+    if (const double e = left(Type16::None, v.v); fits(e) && (!hit || e < hit_rmse)) hit = &v, hit_rmse = e;
+  }
+  if (!hit) return;
+  f.add_decisive("norm", std::string("HF's RMSNorm of the candidate's own input ") + input + ", changed so that " +
+                             hit->words + ", reproduces the candidate (rmse " + num(hit_rmse) + " against that, " + num(f.err) +
+                             " against the reference; HF's norm of that input: " + num(exact) + ")");
 }
 
 void find_softmax_precision(Found& f, const TensorData& c, const TensorSource& cand, const TensorSource& ref) {

@@ -90,12 +90,14 @@ void find_elementwise(Found& f, const TensorData& c, const TensorData& r, const 
 // reference's inv_freq and the step's positions read from the dumps).
 void find_rope_angle_precision(Found& f, const TensorData& c, const TensorData& r, const TensorSource& cand,
                                const TensorSource& ref);
-// RMSNorm sites (attn_norm, mlp_norm, final_norm): the norm's input (the
-// candidate's own) rounded to bfloat16 or float16 before the norm, with the
-// norm's weight read off the reference's own input and output, reproduces
-// the candidate.
-void find_norm_input_precision(Found& f, const TensorData& c, const TensorData& r, const TensorSource& cand,
-                               const TensorSource& ref, const std::optional<ModelConfig>& cfg);
+// RMSNorm sites (attn_norm, mlp_norm, final_norm): HF's norm of the
+// candidate's own input with one change reproduces the candidate, the norm's
+// weight read off the reference's own input and output: the input rounded
+// to bfloat16 or float16 first (precision), or another formula (norm: the
+// weight as 1 + w, no weight, the mean subtracted, eps outside the square
+// root, the weight before the normalisation).
+void find_norm_variant(Found& f, const TensorData& c, const TensorData& r, const TensorSource& cand,
+                       const TensorSource& ref, const std::optional<ModelConfig>& cfg);
 // `attn.probs`: the softmax of the candidate's own scores (and the step's
 // mask) computed in float16 or bfloat16 — the scores rounded before it, its
 // output rounded too, or every step of it (exp, sum, division) in that type —

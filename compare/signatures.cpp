@@ -181,8 +181,9 @@ std::vector<ErrorSignature> error_signatures(const std::string& name, const Tens
                                         "formula error");
     return out;
   }
-  // ... or an op computed from a 16-bit input (or in 16 bits throughout).
-  sig::find_norm_input_precision(found, c, r, cand, ref, cfg);
+  // ... or an op computed from a 16-bit input (or in 16 bits throughout), or
+  // an RMSNorm of another formula.
+  sig::find_norm_variant(found, c, r, cand, ref, cfg);
   sig::find_softmax_precision(found, c, cand, ref);
   if (found.has_decisive()) return out;
   // attn.ctx: the attention recomputed from the candidate's own q, k, v.

@@ -38,6 +38,13 @@
 //             rotated over another width R than the model's (a partial
 //             rotary width, or MLA's Dr mis-set), R named with its
 //             frequencies (theta^(-2i/R) or the model's first R/2) and pairing;
+//  - norm:    an RMSNorm site (attn_norm, mlp_norm, final_norm) is HF's
+//             norm of the candidate's own input with another formula: the
+//             weight as (1 + weight) (Gemma's), no weight, the weight before
+//             the normalisation, the mean subtracted (a LayerNorm), eps
+//             outside the square root (the weight read off the reference's
+//             input and output; the three forms that move the weight only
+//             when it differs between channels);
 //  - length:  the sequence or cache length differs by k (and which part of
 //             the longer side matches the shorter);
 //  - mask:    the pattern of allowed (query, key) cells differs: no mask, the
@@ -83,7 +90,7 @@ namespace llmdiff::compare {
 struct ErrorSignature {
   std::string name;    // the tensor
   std::string kind;    // "precision", "scale", "partial", "shift", "alias", "permutation", "rotary-width",
-                       // "rope", "length", "mask", "elementwise", "transposed-weight", "non-finite",
+                       // "rope", "norm", "length", "mask", "elementwise", "transposed-weight", "non-finite",
                        // "only-some"
   std::string detail;  // one line with the numbers
   // How well it explains the error: the RMSE left after the explanation

@@ -502,6 +502,31 @@ std::vector<SignatureCase> signature_cases(const bisect::ModelOracles& m, const 
                          for (int64_t j = 0; j < D; ++j) t.f[size_t(r * D + j)] = w[size_t(j)] * (x[size_t(r * D + j)] * k);
                        }
                      }});
+  // RMSNorms of another formula on HF's own input, with the model's weight:
+  // Gemma's (1 + weight) and a LayerNorm's mean subtraction.
+  auto norm = [&m](const char* weight_of, const char* input, bool one_plus, bool mean) {
+    return [&m, weight_of, input, one_plus, mean](TensorData& t, const TensorSource& g) {
+      const LayerWeights& L = m.model.weights->layers[std::string(weight_of) == "mlp" ? 1 : 0];
+      const WeightView& wv = std::string(weight_of) == "mlp" ? L.post_attn_norm : L.input_norm;
+      const int64_t D = t.shape[1], T = t.shape[0];
+      std::vector<float> w(static_cast<size_t>(D));
+      wv.rows_f32(0, 1, w.data());
+      const std::vector<float> x = g.get(input).f;
+      for (int64_t r = 0; r < T; ++r) {
+        double mu = 0, ss = 0;
+        if (mean)
+          for (int64_t j = 0; j < D; ++j) mu += x[size_t(r * D + j)] / double(D);
+        for (int64_t j = 0; j < D; ++j) ss += (x[size_t(r * D + j)] - mu) * (x[size_t(r * D + j)] - mu);
+        const double k = 1.0 / std::sqrt(ss / double(D) + m.model.config.rms_norm_eps);
+        for (int64_t j = 0; j < D; ++j)
+          t.f[size_t(r * D + j)] = float((one_plus ? 1.0 + w[size_t(j)] : w[size_t(j)]) * ((x[size_t(r * D + j)] - mu) * k));
+      }
+    };
+  };
+  cases.push_back({"step0.layers.1.mlp_norm", "norm", "applied as (1 + weight) (Gemma's RMSNorm)",
+                   norm("mlp", "step0.layers.1.attn_residual", true, false)});
+  cases.push_back({"step0.layers.0.attn_norm", "norm", "the mean is subtracted first (a LayerNorm",
+                   norm("attn", "step0.embed", false, true)});
   // A softmax in float16 throughout (exp, the running sum, the division),
   // from HF's own scores and mask.
   if (!bf16)
