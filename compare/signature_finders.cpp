@@ -653,6 +653,27 @@ void find_rope_angle_precision(Found& f, const TensorData& c, const TensorData& 
                                   num(row_err(T - 1)) + " at position " + num(p[size_t(T - 1)]) + ")");
 }
 
+namespace {
+
+// The candidate's own tensor `name` as [T, D] floats (empty when it lacks it
+// or its shape is another).
+std::vector<float> own_rows(const TensorSource& cand, const std::string& name, const Shape& shape) {
+  if (!cand.has(name)) return {};
+  const TensorData t = cand.get(name);
+  if (t.is_int || t.shape != shape) return {};
+  return t.f;
+}
+
+// a + b elementwise in float32, as the residual adds (empty when either is).
+std::vector<float> summed(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.empty() || b.empty() || a.size() != b.size()) return {};
+  std::vector<float> out(a.size());
+  for (size_t i = 0; i < a.size(); ++i) out[i] = a[i] + b[i];
+  return out;
+}
+
+}  // namespace
+
 void find_norm_variant(Found& f, const TensorData& c, const TensorData& r, const TensorSource& cand,
                        const TensorSource& ref, const std::optional<ModelConfig>& cfg) {
   const CanonName& cn = f.cn;
@@ -663,10 +684,23 @@ void find_norm_variant(Found& f, const TensorData& c, const TensorData& r, const
     input = layer_name(cn.step, cn.layer, "attn_residual");
   else if (cn.site == "final_norm" && cfg && cfg->num_hidden_layers > 0)
     input = layer_name(cn.step, int(cfg->num_hidden_layers) - 1, "out");
-  if (input.empty() || !cand.has(input) || !ref.has(input) || c.shape.size() != 2) return;
-  const TensorData xc = cand.get(input), xr = ref.get(input);
-  if (xc.shape != c.shape || xr.shape != r.shape || xc.is_int) return;
+  if (input.empty() || c.shape.size() != 2 || c.is_int || r.shape != c.shape) return;
   const int64_t T = c.shape[0], D = c.shape[1];
+  // mlp_norm's input is the layer's input plus the attention's output: an
+  // engine recorded at module boundaries holds those two, not their sum (and
+  // the reference records what the candidate holds).
+  const bool mlp = cn.site == "mlp_norm";
+  const std::string layer_in = !mlp ? "" : cn.layer == 0 ? step_name(cn.step, "embed")
+                                                         : layer_name(cn.step, cn.layer - 1, "out");
+  const std::string attn_out = mlp ? layer_name(cn.step, cn.layer, "attn.out") : "";
+  auto norm_input = [&](const TensorSource& src) {
+    std::vector<float> x = own_rows(src, input, c.shape);
+    if (x.empty() && mlp) x = summed(own_rows(src, layer_in, c.shape), own_rows(src, attn_out, c.shape));
+    return x;
+  };
+  const std::vector<float> xr = norm_input(ref);  // the reference's, for its weight
+  if (xr.empty()) return;
+  const std::vector<float> xc = norm_input(cand);  // HF's input, the candidate's values
   const double eps = cfg ? cfg->rms_norm_eps : 1e-6;
   auto inv_rms = [&](const float* x) {
     double ss = 0;
@@ -677,18 +711,17 @@ void find_norm_variant(Found& f, const TensorData& c, const TensorData& r, const
   // row where the normalised input is largest).
   std::vector<double> w(size_t(D), 0.0), best(size_t(D), 0.0);
   for (int64_t t = 0; t < T; ++t) {
-    const double k = inv_rms(xr.f.data() + t * D);
+    const double k = inv_rms(xr.data() + t * D);
     for (int64_t j = 0; j < D; ++j) {
-      const double xn = double(xr.f[size_t(t * D + j)]) * k;
+      const double xn = double(xr[size_t(t * D + j)]) * k;
       if (std::fabs(xn) > best[size_t(j)]) best[size_t(j)] = std::fabs(xn), w[size_t(j)] = r.f[size_t(t * D + j)] / xn;
     }
   }
   // One change of HF's LlamaRMSNorm (weight * x * rsqrt(mean(x^2) + eps)).
   enum class Norm { Hf, OnePlusWeight, NoWeight, MeanSubtracted, EpsOutsideSqrt, WeightFirst };
-  // The rmse left by the norm of the candidate's input, rounded to `t16`,
-  // with the change.
-  auto left = [&](Type16 t16, Norm v) {
-    std::vector<float> x(xc.f), h(size_t(T * D));
+  // The rmse left by the norm of `in`, rounded to `t16`, with the change.
+  auto left = [&](const std::vector<float>& in, Type16 t16, Norm v) {
+    std::vector<float> x(in), h(size_t(T * D));
     for (float& e : x) e = round16(e, t16);
     for (int64_t t = 0; t < T; ++t) {
       const float* row = x.data() + t * D;
@@ -714,25 +747,63 @@ void find_norm_variant(Found& f, const TensorData& c, const TensorData& r, const
     }
     return stored_rmse(c, std::move(h), declared16(cand));
   };
-  // Each claim must fit far better than the norm of the unchanged input (a
-  // norm right on an input that diverges upstream is no change of the norm).
-  const double exact = left(Type16::None, Norm::Hf);
+  // Each claim must fit far better than HF's norm of the candidate's own
+  // input (a norm right on an input that diverges upstream is no change of
+  // the norm).
+  const double exact = xc.empty() ? std::numeric_limits<double>::infinity() : left(xc, Type16::None, Norm::Hf);
   auto fits = [&](double e) { return e <= 0.1 * f.err && e < 0.1 * exact; };
-  // The input rounded to 16 bits before the norm.
-  struct Try {
-    Type16 type;
-    double rmse;
+  auto numbers = [&](double e) {
+    return "(rmse " + num(e) + " against that, " + num(f.err) + " against the reference" +
+           (xc.empty() ? std::string() : "; HF's norm of the candidate's own input: " + num(exact)) + ")";
   };
-  std::optional<Try> found;
-  for (Type16 t16 : {Type16::BFloat16, Type16::Float16})
-    if (const double e = left(t16, Norm::Hf); !found || e < found->rmse) found = Try{t16, e};
-  if (found && fits(found->rmse)) {
-    f.add_decisive("precision", std::string("the norm's input ") + input + " rounded to " +
-                                    type16_name(found->type) + " before the norm reproduces the candidate "
-                                    "(rmse " + num(found->rmse) + " against that, " + num(f.err) +
-                                    " against the reference): the residual stream cast to 16 bits for the norm");
-    return;
+  // The input rounded to 16 bits before the norm.
+  if (!xc.empty()) {
+    struct Try {
+      Type16 type;
+      double rmse;
+    };
+    std::optional<Try> found;
+    for (Type16 t16 : {Type16::BFloat16, Type16::Float16})
+      if (const double e = left(xc, t16, Norm::Hf); !found || e < found->rmse) found = Try{t16, e};
+    if (found && fits(found->rmse)) {
+      f.add_decisive("precision", std::string("the norm's input ") + input + " rounded to " +
+                                      type16_name(found->type) + " before the norm reproduces the candidate "
+                                      "(rmse " + num(found->rmse) + " against that, " + num(f.err) +
+                                      " against the reference): the residual stream cast to 16 bits for the norm");
+      return;
+    }
   }
+  // mlp_norm of another input than the residual stream after attention: the
+  // residual connection wired wrong.
+  if (mlp) {
+    const std::vector<float> x = own_rows(cand, layer_in, c.shape), a = own_rows(cand, attn_out, c.shape);
+    const std::string attn_norm = layer_name(cn.step, cn.layer, "attn_norm"),
+                      ctx = layer_name(cn.step, cn.layer, "attn.ctx");
+    struct Wiring {
+      std::vector<float> in;
+      std::string what, why;
+    };
+    const Wiring wirings[] = {
+        {a, attn_out + " alone", "the attention block's residual connection is missing"},
+        {summed(own_rows(cand, attn_norm, c.shape), a), attn_norm + " + " + attn_out,
+         "the residual added to the normed input instead of the layer's input " + layer_in},
+        {x, layer_in + " alone", "the attention block's output is not added"},
+        {summed(x, own_rows(cand, ctx, c.shape)), layer_in + " + " + ctx,
+         "o_proj skipped, the attention's context added as it is"},
+    };
+    const Wiring* hit = nullptr;
+    double hit_rmse = 0;
+    for (const Wiring& v : wirings) {
+      if (v.in.empty()) continue;
+      if (const double e = left(v.in, Type16::None, Norm::Hf); fits(e) && (!hit || e < hit_rmse)) hit = &v, hit_rmse = e;
+    }
+    if (hit) {
+      f.add_decisive("alias", "HF's RMSNorm of the candidate's own " + hit->what + " reproduces the candidate " +
+                                  numbers(hit_rmse) + ": " + hit->why);
+      return;
+    }
+  }
+  if (xc.empty()) return;
   // Another norm formula on the candidate's own input.
   struct Variant {
     Norm v;
@@ -754,12 +825,11 @@ void find_norm_variant(Found& f, const TensorData& c, const TensorData& r, const
   double hit_rmse = 0;
   for (const Variant& v : variants) {
     if (!weight_varies && v.v != Norm::MeanSubtracted && v.v != Norm::EpsOutsideSqrt) continue;
-    if (const double e = left(Type16::None, v.v); fits(e) && (!hit || e < hit_rmse)) hit = &v, hit_rmse = e;
+    if (const double e = left(xc, Type16::None, v.v); fits(e) && (!hit || e < hit_rmse)) hit = &v, hit_rmse = e;
   }
   if (!hit) return;
   f.add_decisive("norm", std::string("HF's RMSNorm of the candidate's own input ") + input + ", changed so that " +
-                             hit->words + ", reproduces the candidate (rmse " + num(hit_rmse) + " against that, " + num(f.err) +
-                             " against the reference; HF's norm of that input: " + num(exact) + ")");
+                             hit->words + ", reproduces the candidate " + numbers(hit_rmse));
 }
 
 void find_softmax_precision(Found& f, const TensorData& c, const TensorSource& cand, const TensorSource& ref) {

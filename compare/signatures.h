@@ -27,7 +27,13 @@
 //  - shift:   rows equal the reference's rows k positions away;
 //  - alias:   the tensor equals another canonical tensor of the reference at
 //             the same step (its input: the op was skipped; a sibling: k for
-//             v; the residual alone).
+//             v; the residual alone); or mlp_norm is HF's norm of another of
+//             the candidate's own tensors than the residual stream after
+//             attention (attn.out alone: the residual connection missing;
+//             attn_norm + attn.out; the layer's input alone; the input +
+//             attn.ctx: o_proj skipped), the sum made from the layer's input
+//             and attn.out when the candidate holds no attn_residual (an
+//             engine recorded at module boundaries).
 //  - permutation: heads, rows or the dims inside each head in another order
 //             (the class named: reversed, rotated, RoPE pairs re-paired,
 //             halves swapped, or the permutation itself; on MLA the pairs

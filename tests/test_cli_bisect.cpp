@@ -527,6 +527,9 @@ std::vector<SignatureCase> signature_cases(const bisect::ModelOracles& m, const 
                    norm("mlp", "step0.layers.1.attn_residual", true, false)});
   cases.push_back({"step0.layers.0.attn_norm", "norm", "the mean is subtracted first (a LayerNorm",
                    norm("attn", "step0.embed", false, true)});
+  // The attention block's residual connection missing: mlp_norm of attn.out alone.
+  cases.push_back({"step0.layers.1.mlp_norm", "alias", "step0.layers.1.attn.out alone reproduces the candidate",
+                   norm("mlp", "step0.layers.1.attn.out", false, false)});
   // A softmax in float16 throughout (exp, the running sum, the division),
   // from HF's own scores and mask.
   if (!bf16)
