@@ -53,8 +53,9 @@ class RefLocalOracle : public compare::LocalOracle {
   bool supports(const compare::Hypothesis& h) const override;
   std::unique_ptr<compare::LocalOracle> with_threads(int threads) const override;
   std::vector<int> layer_kinds() const override;
-  std::optional<std::vector<float>> transposed_weight(const TensorSource& dump,
-                                                      const std::string& name) const override;
+  std::optional<std::vector<float>> changed_projection(const TensorSource& dump, const std::string& name,
+                                                       compare::ProjectionChange change,
+                                                       int64_t max_rows) const override;
 
  private:
   const Model& model_;

@@ -242,7 +242,7 @@ void find_attention_variant(Found& f, const TensorData& c, const TensorSource& c
   for (const Variant& v : variants(*in)) {
     const std::vector<float> y = attend(*in, v);
     if (!f.close(c.f.data(), y.data(), n)) continue;
-    f.add_decisive(v.kind, "attn.ctx recomputed from the candidate's own q, k and v reproduces it (rmse " +
+    f.add_recomputed(v.kind, "attn.ctx recomputed from the candidate's own q, k and v reproduces it (rmse " +
                                num(rmse(c.f.data(), y.data(), n)) + "; " + num(f.err) + " against the reference) with " +
                                v.words);
     return;

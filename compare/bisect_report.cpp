@@ -165,7 +165,8 @@ json diagnosis_json(const BisectResult& r) {
   for (const auto& p : d.inapplicable) dj["inapplicable"].push_back({{"bug", p.first}, {"reason", p.second}});
   for (const auto& g : d.signatures)
     dj["signatures"].push_back(
-        {{"name", g.name}, {"kind", g.kind}, {"detail", g.detail}, {"fit", g.fit}, {"decisive", g.decisive}});
+        {{"name", g.name}, {"kind", g.kind}, {"detail", g.detail}, {"fit", g.fit}, {"decisive", g.decisive},
+         {"recomputed", g.recomputed}});
   return dj;
 }
 

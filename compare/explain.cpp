@@ -230,10 +230,16 @@ std::optional<Finding> explain_zoo_by_runs(const BisectResult& r) {
 }
 
 // No run reproduces the candidate: a decisive fingerprint still names the bug
-// (not where the clean run reproduces it: rounding, no bug's doing).
+// (not where the clean run reproduces it: rounding, no bug's doing; nor where
+// the localised op recomputed from the candidate's own inputs with another
+// change reproduces its values: that is what the engine computed).
 std::optional<Finding> explain_zoo_by_fingerprint(const BisectResult& r) {
   const Diagnosis& d = r.diagnosis;
   if (!diagnosed(r) || !d.clean_reproduces.empty()) return std::nullopt;
+  const std::optional<std::string> at = r.localised_at();
+  if (!d.signatures.empty() && at && d.signatures.front().name == *at && d.signatures.front().decisive &&
+      d.signatures.front().recomputed)
+    return std::nullopt;
   for (const Fingerprint& f : d.fingerprints) {
     if (!f.decisive) continue;
     std::string ev = f.evidence;

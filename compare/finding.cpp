@@ -137,7 +137,8 @@ json finding_to_json(const Finding& f) {
                         {"kind", f.signature.kind},
                         {"detail", f.signature.detail},
                         {"fit", f.signature.fit},
-                        {"decisive", f.signature.decisive}};
+                        {"decisive", f.signature.decisive},
+                        {"recomputed", f.signature.recomputed}};
       break;
     default: break;
   }
@@ -183,6 +184,7 @@ Finding finding_from_json(const json& j) {
       f.signature.detail = s.at("detail").get<std::string>();
       f.signature.fit = s.at("fit").get<double>();
       f.signature.decisive = s.at("decisive").get<bool>();
+      f.signature.recomputed = s.value("recomputed", false);
       break;
     }
     default: break;

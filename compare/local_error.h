@@ -42,6 +42,16 @@ struct Recomputed {
   std::map<std::string, std::string> source;   // name -> the dump's tensors it was recomputed from
 };
 
+// A change of a projection that engines make by mistake:
+//  - TransposedWeight: its weight's memory read as [in, out] instead of HF's
+//    [out, in] (for a square matrix, x W instead of x W^T: an engine that
+//    forgot to transpose);
+//  - NormSkipped: the RMSNorm before it skipped, the projection applied to
+//    the norm's input (q/k/v and MLA's q_a/kv_a of the layer's input,
+//    gate/up of the residual stream after attention, MLA's q of q_a, the
+//    logits of the last layer's output).
+enum class ProjectionChange { TransposedWeight, NormSkipped };
+
 class LocalOracle {
  public:
   virtual ~LocalOracle() = default;
@@ -65,13 +75,12 @@ class LocalOracle {
   // Empty: unknown (every layer is recomputed under a hypothesis).
   virtual std::vector<int> layer_kinds() const { return {}; }
   // The projection at `name` (attn.q/k/v, attn.out, mlp.gate/up/down; MLA's
-  // attn.q_a, attn.kv_a, attn.kv) recomputed in float64 from the dump's own
-  // input with its weight's memory read as [in, out] instead of HF's
-  // [out, in]: for a square matrix, x W instead of x W^T (an engine that
-  // forgot to transpose). nullopt where the site has no such weight or the
-  // dump lacks its input. Values in `name`'s shape.
-  virtual std::optional<std::vector<float>> transposed_weight(const TensorSource& dump,
-                                                              const std::string& name) const {
+  // attn.q_a, attn.q, attn.kv_a, attn.kv; logits) recomputed in float64 from
+  // the dump's own values with `change` (ProjectionChange), its first
+  // min(T, max_rows) rows: [rows, out]. nullopt where the site has no such
+  // weight or the dump lacks the input.
+  virtual std::optional<std::vector<float>> changed_projection(const TensorSource& dump, const std::string& name,
+                                                               ProjectionChange change, int64_t max_rows) const {
     return std::nullopt;
   }
 };

@@ -1,5 +1,5 @@
 // The structural signature finders: length, permutation, partial dims, mask,
-// elementwise and transposed-weight (compare/signature_finders.h).
+// elementwise and the changed projections (compare/signature_finders.h).
 #include "compare/signature_finders.h"
 
 #include <algorithm>
@@ -481,12 +481,12 @@ void find_elementwise(Found& f, const TensorData& c, const TensorData& r, const 
           }
         if (best == 0 && std::isfinite(best_left)) return;  // silu(gate) * up: the op is right
         if (std::isfinite(best_left)) {
-          f.add_decisive("elementwise", "mlp.act = " + acts[best].first + "(gate) * up from the candidate's own gate "
+          f.add_recomputed("elementwise", "mlp.act = " + acts[best].first + "(gate) * up from the candidate's own gate "
                                         "and up, where the model's activation is silu: another activation function");
           return;
         }
         if (std::isfinite(left(acts[0].second, false))) {
-          f.add_decisive("elementwise", "mlp.act = silu(gate) from the candidate's own gate: the product with up is "
+          f.add_recomputed("elementwise", "mlp.act = silu(gate) from the candidate's own gate: the product with up is "
                                         "missing");
           return;
         }
@@ -542,21 +542,39 @@ void find_elementwise(Found& f, const TensorData& c, const TensorData& r, const 
           l);
 }
 
-void find_transposed_weight(Found& f, const TensorData& c, const TensorSource& cand, const LocalOracle& oracle) {
-  const std::optional<std::vector<float>> p = oracle.transposed_weight(cand, f.name);
-  if (!p || p->size() != c.f.size()) return;
-  const int64_t n = int64_t(c.f.size());
-  const double e = rmse(c.f.data(), p->data(), n), s = rms(p->data(), n);
-  // Within 16-bit rounding of the product, and far closer than the reference.
-  if (e > 2e-2 * std::max(s, 1e-30) || e > kFits * f.err) return;
-  ErrorSignature g;
-  g.name = f.name;
-  g.kind = "transposed-weight";
-  g.detail = "equals the projection recomputed from the candidate's own input with the weight matrix transposed "
-             "(its [out, in] data read as [in, out]: x W where HF computes x W^T; rmse " + num(e) + ", error before " + num(f.err) + ")";
-  g.fit = e / f.err;
-  g.decisive = true;
-  f.out.push_back(g);
+void find_changed_projection(Found& f, const TensorData& c, const TensorSource& cand, const LocalOracle& oracle) {
+  if (c.shape.size() != 2 || c.is_int) return;
+  // The first rows suffice to tell: a logits product is V x D per row.
+  constexpr int64_t kRows = 16;
+  struct Change {
+    ProjectionChange change;
+    const char* kind;
+    std::string words;
+  };
+  const Change changes[] = {
+      {ProjectionChange::TransposedWeight, "transposed-weight",
+       "the weight matrix transposed (its [out, in] data read as [in, out]: x W where HF computes x W^T"},
+      {ProjectionChange::NormSkipped, "alias",
+       "the RMSNorm before it skipped (the projection applied to the norm's input instead of its output"},
+  };
+  for (const Change& ch : changes) {
+    const std::optional<std::vector<float>> p = oracle.changed_projection(cand, f.name, ch.change, kRows);
+    if (!p || p->empty() || p->size() > c.f.size()) continue;
+    const int64_t n = int64_t(p->size());
+    const double e = rmse(c.f.data(), p->data(), n), s = rms(p->data(), n);
+    // Within 16-bit rounding of the product, and far closer than the reference.
+    if (e > 2e-2 * std::max(s, 1e-30) || e > kFits * f.err) continue;
+    ErrorSignature g;
+    g.name = f.name;
+    g.kind = ch.kind;
+    g.detail = "equals the projection recomputed from the candidate's own values with " + ch.words + "; rmse " +
+               num(e) + " over its first " + std::to_string(n / c.shape[1]) + " rows, error before " + num(f.err) + ")";
+    g.fit = e / f.err;
+    g.decisive = true;
+    g.recomputed = true;
+    f.out.push_back(g);
+    return;
+  }
 }
 
 namespace {
@@ -646,7 +664,7 @@ void find_rope_angle_precision(Found& f, const TensorData& c, const TensorData& 
   const char* type = type16_name(best->type);
   const std::string what = best->variant == 1 ? std::string("the angles position x inv_freq rounded to ") + type
                                               : std::string("inv_freq rounded to ") + type;
-  f.add_decisive("precision", std::string(is_cos ? "cos" : "sin") + " of " + what + " reproduces the candidate (rmse " +
+  f.add_recomputed("precision", std::string(is_cos ? "cos" : "sin") + " of " + what + " reproduces the candidate (rmse " +
                                   num(best->rmse) + " against that, " + num(f.err) +
                                   " against the reference): RoPE computed in 16 bits, an error growing with position "
                                   "(row rmse " + num(row_err(0)) + " at position " + num(p[0]) + ", " +
@@ -766,7 +784,7 @@ void find_norm_variant(Found& f, const TensorData& c, const TensorData& r, const
     for (Type16 t16 : {Type16::BFloat16, Type16::Float16})
       if (const double e = left(xc, t16, Norm::Hf); !found || e < found->rmse) found = Try{t16, e};
     if (found && fits(found->rmse)) {
-      f.add_decisive("precision", std::string("the norm's input ") + input + " rounded to " +
+      f.add_recomputed("precision", std::string("the norm's input ") + input + " rounded to " +
                                       type16_name(found->type) + " before the norm reproduces the candidate "
                                       "(rmse " + num(found->rmse) + " against that, " + num(f.err) +
                                       " against the reference): the residual stream cast to 16 bits for the norm");
@@ -798,7 +816,7 @@ void find_norm_variant(Found& f, const TensorData& c, const TensorData& r, const
       if (const double e = left(v.in, Type16::None, Norm::Hf); fits(e) && (!hit || e < hit_rmse)) hit = &v, hit_rmse = e;
     }
     if (hit) {
-      f.add_decisive("alias", "HF's RMSNorm of the candidate's own " + hit->what + " reproduces the candidate " +
+      f.add_recomputed("alias", "HF's RMSNorm of the candidate's own " + hit->what + " reproduces the candidate " +
                                   numbers(hit_rmse) + ": " + hit->why);
       return;
     }
@@ -828,7 +846,7 @@ void find_norm_variant(Found& f, const TensorData& c, const TensorData& r, const
     if (const double e = left(xc, Type16::None, v.v); fits(e) && (!hit || e < hit_rmse)) hit = &v, hit_rmse = e;
   }
   if (!hit) return;
-  f.add_decisive("norm", std::string("HF's RMSNorm of the candidate's own input ") + input + ", changed so that " +
+  f.add_recomputed("norm", std::string("HF's RMSNorm of the candidate's own input ") + input + ", changed so that " +
                              hit->words + ", reproduces the candidate " + numbers(hit_rmse));
 }
 
@@ -887,7 +905,7 @@ void find_softmax_precision(Found& f, const TensorData& c, const TensorSource& c
                            : best->v == InputOutput ? "its scores and its output rounded to " + type
                                                     : "every step of it (the scores, exp, the running sum, the "
                                                       "division) in " + type;
-  f.add_decisive("precision", "the softmax of the candidate's own scores with " + what +
+  f.add_recomputed("precision", "the softmax of the candidate's own scores with " + what +
                                   " reproduces the candidate (rmse " + num(best->rmse) + " against that, " +
                                   num(f.err) + " against the reference): a softmax computed in 16 bits");
 }
@@ -1077,7 +1095,7 @@ void find_rotary_width(Found& f, const TensorData& c, const TensorSource& cand, 
     d = "RoPE applied to the last R = " + R + " dims" + unit + how + " where the reference rotates the Dr = " + Ws +
         " rope dims (the last " + Ws + " of " + std::to_string(s->width) + "): qk_rope_head_dim taken as " + R;
   }
-  f.add_decisive("rotary-width", d + " (rmse " + num(b.rmse) + " against that, " + num(f.err) +
+  f.add_recomputed("rotary-width", d + " (rmse " + num(b.rmse) + " against that, " + num(f.err) +
                                      " against the reference)");
 }
 

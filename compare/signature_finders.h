@@ -64,6 +64,9 @@ struct Found {
   void add(const std::string& kind, const std::string& detail, double left);
   // A finding that describes the error rather than fitting its values.
   void add_decisive(const std::string& kind, const std::string& detail);
+  // add_decisive of an op recomputed from the candidate's own inputs with a
+  // change (ErrorSignature::recomputed).
+  void add_recomputed(const std::string& kind, const std::string& detail);
   bool has_decisive() const;
 };
 
@@ -114,7 +117,9 @@ void find_softmax_precision(Found& f, const TensorData& c, const TensorSource& c
 // scaling). Only when the model's own RoPE of that input does not.
 void find_rotary_width(Found& f, const TensorData& c, const TensorSource& cand, const TensorSource& ref,
                        const std::optional<ModelConfig>& cfg);
-// The projection with its weight transposed reproduces the candidate.
-void find_transposed_weight(Found& f, const TensorData& c, const TensorSource& cand, const LocalOracle& oracle);
+// The projection recomputed from the candidate's own values with one change
+// (compare/local_error.h ProjectionChange: its weight transposed, the norm
+// before it skipped) reproduces the candidate's first rows.
+void find_changed_projection(Found& f, const TensorData& c, const TensorSource& cand, const LocalOracle& oracle);
 
 }  // namespace llmdiff::compare::sig

@@ -53,6 +53,11 @@ void Found::add_decisive(const std::string& kind, const std::string& detail) {
   out.push_back(s);
 }
 
+void Found::add_recomputed(const std::string& kind, const std::string& detail) {
+  add_decisive(kind, detail);
+  out.back().recomputed = true;
+}
+
 bool Found::close(const float* a, const float* b, int64_t n) const {
   return rmse(a, b, n) <= tol * std::max(rms(b, n), 1e-30);
 }
@@ -320,7 +325,7 @@ std::vector<ErrorSignature> error_signatures(const std::string& name, const Tens
     }
   }
   if (!found.has_decisive()) find_elementwise(found, c, r, cand);
-  if (!found.has_decisive() && oracle) find_transposed_weight(found, c, cand, *oracle);
+  if (!found.has_decisive() && oracle) find_changed_projection(found, c, cand, *oracle);
   std::stable_sort(out.begin(), out.end(), [](const ErrorSignature& a, const ErrorSignature& b) {
     return a.decisive != b.decisive ? a.decisive : a.fit < b.fit;
   });

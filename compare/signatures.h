@@ -73,7 +73,9 @@
 //  - non-finite: NaN/Inf where the reference is finite;
 //  - transposed-weight: the projection recomputed from the candidate's own
 //             input with its weight matrix transposed reproduces it (asked of
-//             the LocalOracle, which holds the weights).
+//             the LocalOracle, which holds the weights); with the RMSNorm
+//             before it skipped (q/k/v, gate/up, logits of the norm's input):
+//             alias.
 //
 // Across names (compare/cross_signatures.h, from a bisection's verdicts, not
 // from this function):
@@ -103,6 +105,11 @@ struct ErrorSignature {
   // over the RMSE before it (0: exactly; the smaller, the better).
   double fit = 1.0;
   bool decisive = false;  // explains the error to float32 rounding
+  // Reproduced by recomputing the op from the candidate's own inputs with
+  // one change (another formula, input or precision), not by a relation to
+  // the reference's values: a better account of the values than a
+  // fingerprint that no run reproduces.
+  bool recomputed = false;
 };
 
 // Least-squares c in a ~ c b (0 when b is all zero), and the RMSE of a - k b.

@@ -750,6 +750,23 @@ std::vector<SignatureCase> signature_cases(const bisect::ModelOracles& m, const 
                          t.f[size_t(r * out + c)] = bf16 ? bf16_to_f32(f32_to_bf16(float(acc))) : float(acc);
                        }
                    }});
+  // The final norm skipped: lm_head (or the tied embedding) on HF's own last
+  // layer output.
+  cases.push_back({"step0.logits", "alias", "the RMSNorm before it skipped",
+                   [&m, bf16](TensorData& t, const TensorSource& g) {
+                     const ModelWeights& mw = *m.model.weights;
+                     const WeightView& W = mw.lm_head_tied || !mw.lm_head ? mw.embed : mw.lm_head;
+                     const TensorData x = g.get(layer_name(0, int(mw.layers.size()) - 1, "out"));
+                     const int64_t V = W.shape[0], D = W.shape[1], T = x.shape[0];
+                     std::vector<float> w(size_t(V * D));
+                     W.rows_f32(0, V, w.data());
+                     for (int64_t r = 0; r < T; ++r)
+                       for (int64_t v = 0; v < V; ++v) {
+                         double acc = 0;
+                         for (int64_t i = 0; i < D; ++i) acc += double(x.f[size_t(r * D + i)]) * w[size_t(v * D + i)];
+                         t.f[size_t(r * V + v)] = bf16 ? bf16_to_f32(f32_to_bf16(float(acc))) : float(acc);
+                       }
+                   }});
   return cases;
 }
 
