@@ -29,6 +29,7 @@ struct Variant {
   bool tiled = false;       // kv head h mod Hkv
   int softmax16 = 0;        // 1: scores rounded to bfloat16, 2: to float16
   std::string kind, words;  // the signature when it reproduces the candidate
+  bool over_queries = false;  // the softmax over this call's queries (dim -2), not the keys
 };
 
 // One call's attention inputs, the sequence's keys and values up to it.
@@ -70,43 +71,57 @@ std::vector<float> attend(const Inputs& in, const Variant& v) {
     for (int64_t g = 0; g < Hkv; ++g)
       rotate(keys.data() + (s * Hkv + g) * Dh, kr.data() + (s * Hkv + g) * Dh, in.kpos[size_t(s)], v, in, false);
   const double scale = v.scale > 0 ? v.scale : 1.0 / std::sqrt(double(Dh));
+  constexpr double kMasked = -std::numeric_limits<double>::infinity();
   std::vector<float> out(size_t(T * Hq * Dh), 0.f);
-  std::vector<double> p(static_cast<size_t>(S));
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t h = 0; h < Hq; ++h) {
+  std::vector<double> p(static_cast<size_t>(T * S));  // one head's scores, then probabilities [T, S]
+  auto round_to = [&](double x) {
+    if (v.softmax16 == 1) return double(bf16_to_f32(f32_to_bf16(float(x))));
+    if (v.softmax16 == 2) return double(f16_to_f32(f32_to_f16(float(x))));
+    return x;
+  };
+  // exp(x - max) / sum over the n entries at x[0], x[stride], ...; all
+  // masked: zeros.
+  auto softmax = [&](double* x, int64_t n, int64_t stride) {
+    double top = kMasked, sum = 0;
+    for (int64_t i = 0; i < n; ++i) top = std::max(top, x[i * stride]);
+    for (int64_t i = 0; i < n; ++i) {
+      double& e = x[i * stride];
+      sum += e = std::isfinite(top) && std::isfinite(e) ? std::exp(e - top) : 0.0;
+    }
+    for (int64_t i = 0; i < n; ++i) x[i * stride] = sum > 0 ? round_to(x[i * stride] / sum) : 0.0;
+  };
+  for (int64_t h = 0; h < Hq; ++h) {
+    const int64_t g = v.tiled ? h % Hkv : h / group;
+    for (int64_t t = 0; t < T; ++t) {
       rotate(in.q.data() + (t * Hq + h) * Dh, qr.data(), in.qpos[size_t(t)], v, in, true);
-      const int64_t g = v.tiled ? h % Hkv : h / group;
-      double top = -std::numeric_limits<double>::infinity();
       for (int64_t s = 0; s < S; ++s) {
         const float qp = in.qpos[size_t(t)], kp = in.kpos[size_t(s)];
         const bool allowed = v.mask == Mask::None || (v.mask == Mask::Causal && kp <= qp) ||
                              (v.mask == Mask::Later && kp <= qp + 1) || (v.mask == Mask::Earlier && kp < qp);
-        if (!allowed) {
-          p[size_t(s)] = -std::numeric_limits<double>::infinity();
-          continue;
+        double d = kMasked;
+        if (allowed) {
+          d = 0;
+          const float* k = kr.data() + (s * Hkv + g) * Dh;
+          for (int64_t i = 0; i < Dh; ++i) d += double(qr[size_t(i)]) * k[i];
+          d = round_to(d * scale);
         }
-        double d = 0;
-        const float* k = kr.data() + (s * Hkv + g) * Dh;
-        for (int64_t i = 0; i < Dh; ++i) d += double(qr[size_t(i)]) * k[i];
-        d *= scale;
-        if (v.softmax16 == 1) d = bf16_to_f32(f32_to_bf16(float(d)));
-        if (v.softmax16 == 2) d = f16_to_f32(f32_to_f16(float(d)));
-        p[size_t(s)] = d;
-        top = std::max(top, d);
+        p[size_t(t * S + s)] = d;
       }
-      if (!std::isfinite(top)) continue;  // no key allowed: left at zero
-      double sum = 0;
-      for (double& x : p) sum += x = std::isfinite(x) ? std::exp(x - top) : 0.0;
+    }
+    if (v.over_queries)
+      for (int64_t s = 0; s < S; ++s) softmax(p.data() + s, T, S);
+    else
+      for (int64_t t = 0; t < T; ++t) softmax(p.data() + t * S, S, 1);
+    for (int64_t t = 0; t < T; ++t) {
       float* o = out.data() + (t * Hq + h) * Dh;
       for (int64_t s = 0; s < S; ++s) {
-        double w = p[size_t(s)] / sum;
-        if (v.softmax16 == 1) w = bf16_to_f32(f32_to_bf16(float(w)));
-        if (v.softmax16 == 2) w = f16_to_f32(f32_to_f16(float(w)));
+        const double w = p[size_t(t * S + s)];
         if (w == 0) continue;
         const float* val = values.data() + (s * Hkv + g) * Dh;
         for (int64_t i = 0; i < Dh; ++i) o[i] = float(double(o[i]) + w * val[i]);
       }
     }
+  }
   return out;
 }
 
@@ -153,6 +168,11 @@ std::vector<Variant> variants(const Inputs& in) {
        "the softmax of scores rounded to bfloat16 (scores and probabilities)"});
   add({Rope::Half, 0, false, 0, Mask::Causal, Kv::Normal, false, 2, "precision",
        "the softmax of scores rounded to float16 (scores and probabilities)"});
+  if (in.T > 1)
+    add({Rope::Half, 0, false, 0, Mask::Causal, Kv::Normal, false, 0, "softmax-axis",
+         "the softmax taken over the queries of the call (dim -2) where the model normalises over the keys (dim -1); "
+         "a key no query of the call sees weighs 0",
+         true});
   return out;
 }
 

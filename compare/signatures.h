@@ -68,8 +68,9 @@
 //             (scale); the causal boundary one key late or early, or none
 //             (mask); keys and values swapped or one used for both (alias);
 //             kv heads tiled (permutation); the softmax in 16 bits
-//             (precision). For engines recorded at module boundaries, which
-//             hold nothing inside attention;
+//             (precision); the softmax over the call's queries instead of
+//             the keys (softmax-axis). For engines recorded at module
+//             boundaries, which hold nothing inside attention;
 //  - non-finite: NaN/Inf where the reference is finite;
 //  - transposed-weight: the projection recomputed from the candidate's own
 //             input with its weight matrix transposed reproduces it (asked of
@@ -98,7 +99,7 @@ namespace llmdiff::compare {
 struct ErrorSignature {
   std::string name;    // the tensor
   std::string kind;    // "precision", "scale", "partial", "shift", "alias", "permutation", "rotary-width",
-                       // "rope", "norm", "length", "mask", "elementwise", "transposed-weight", "non-finite",
+                       // "rope", "norm", "softmax-axis", "length", "mask", "elementwise", "transposed-weight", "non-finite",
                        // "only-some"
   std::string detail;  // one line with the numbers
   // How well it explains the error: the RMSE left after the explanation

@@ -606,6 +606,29 @@ std::vector<SignatureCase> signature_cases(const bisect::ModelOracles& m, const 
               rotate(k.data() + (h * S + p) * D, p, D / 2, true);
             }
           }
+        if (keys == 'q') {  // the softmax over the queries: per key p, over the rows that see it
+          for (int64_t h = 0; h < H; ++h) {
+            std::vector<double> w(static_cast<size_t>(T * S), 0.0);
+            for (int64_t p = 0; p < S; ++p) {
+              double top = -1e300, sum = 0;
+              for (int64_t r = std::max<int64_t>(0, p - (S - T)); r < T; ++r) {
+                double d = 0;
+                for (int64_t i = 0; i < D; ++i) d += double(q[size_t((h * T + r) * D + i)]) * k[size_t((h * S + p) * D + i)];
+                top = std::max(top, w[size_t(r * S + p)] = d * scale);
+              }
+              for (int64_t r = std::max<int64_t>(0, p - (S - T)); r < T; ++r)
+                sum += w[size_t(r * S + p)] = std::exp(w[size_t(r * S + p)] - top);
+              for (int64_t r = std::max<int64_t>(0, p - (S - T)); r < T; ++r) w[size_t(r * S + p)] /= sum;
+            }
+            for (int64_t r = 0; r < T; ++r)
+              for (int64_t i = 0; i < D; ++i) {
+                double acc = 0;
+                for (int64_t p = 0; p < S; ++p) acc += w[size_t(r * S + p)] * val[size_t((h * S + p) * D + i)];
+                t.f[size_t(r * H * D + h * D + i)] = bf16 ? bf16_to_f32(f32_to_bf16(float(acc))) : float(acc);
+              }
+          }
+          return;
+        }
         for (int64_t h = 0; h < H; ++h)
           for (int64_t r = 0; r < T; ++r) {
             const int64_t last = std::min(S - 1, S - T + r + late);  // the last key row r sees
@@ -629,6 +652,8 @@ std::vector<SignatureCase> signature_cases(const bisect::ModelOracles& m, const 
     cases.push_back({"step0.layers.0.attn.ctx", "mask", "the causal mask one key late", attention('k', inv_sqrt, 1)});
     cases.push_back({"step0.layers.0.attn.ctx", "scale", "scores q.k not scaled", attention('k', 1.0, 0)});
     cases.push_back({"step0.layers.0.attn.ctx", "alias", "keys and values swapped", attention('v', inv_sqrt, 0)});
+    cases.push_back({"step0.layers.0.attn.ctx", "softmax-axis", "the softmax taken over the queries of the call",
+                     attention('q', inv_sqrt, 0)});
     cases.push_back({"step0.layers.0.attn.ctx", "rotary-width",
                      "RoPE on the first R = " + std::to_string(Dh / 2) + " of " + std::to_string(Dh) + " dims",
                      attention('p', inv_sqrt, 0)});
