@@ -738,7 +738,7 @@ void find_norm_variant(Found& f, const TensorData& c, const TensorData& r, const
   // One change of HF's LlamaRMSNorm (weight * x * rsqrt(mean(x^2) + eps)).
   enum class Norm { Hf, OnePlusWeight, NoWeight, MeanSubtracted, EpsOutsideSqrt, WeightFirst };
   // The rmse left by the norm of `in`, rounded to `t16`, with the change.
-  auto left = [&](const std::vector<float>& in, Type16 t16, Norm v) {
+  auto left = [&](const std::vector<float>& in, Type16 t16, Norm v, double norm_eps) {
     std::vector<float> x(in), h(size_t(T * D));
     for (float& e : x) e = round16(e, t16);
     for (int64_t t = 0; t < T; ++t) {
@@ -754,8 +754,8 @@ void find_norm_variant(Found& f, const TensorData& c, const TensorData& r, const
       }
       double ss = 0;
       for (double e : y) ss += e * e;
-      const double k = v == Norm::EpsOutsideSqrt ? 1.0 / (std::sqrt(ss / double(D)) + eps)
-                                                 : 1.0 / std::sqrt(ss / double(D) + eps);
+      const double k = v == Norm::EpsOutsideSqrt ? 1.0 / (std::sqrt(ss / double(D)) + norm_eps)
+                                                 : 1.0 / std::sqrt(ss / double(D) + norm_eps);
       for (int64_t j = 0; j < D; ++j) {
         const double g = v == Norm::OnePlusWeight ? 1.0 + w[size_t(j)]
                          : v == Norm::NoWeight || v == Norm::WeightFirst ? 1.0
@@ -768,7 +768,7 @@ void find_norm_variant(Found& f, const TensorData& c, const TensorData& r, const
   // Each claim must fit far better than HF's norm of the candidate's own
   // input (a norm right on an input that diverges upstream is no change of
   // the norm).
-  const double exact = xc.empty() ? std::numeric_limits<double>::infinity() : left(xc, Type16::None, Norm::Hf);
+  const double exact = xc.empty() ? std::numeric_limits<double>::infinity() : left(xc, Type16::None, Norm::Hf, eps);
   auto fits = [&](double e) { return e <= 0.1 * f.err && e < 0.1 * exact; };
   auto numbers = [&](double e) {
     return "(rmse " + num(e) + " against that, " + num(f.err) + " against the reference" +
@@ -782,7 +782,7 @@ void find_norm_variant(Found& f, const TensorData& c, const TensorData& r, const
     };
     std::optional<Try> found;
     for (Type16 t16 : {Type16::BFloat16, Type16::Float16})
-      if (const double e = left(xc, t16, Norm::Hf); !found || e < found->rmse) found = Try{t16, e};
+      if (const double e = left(xc, t16, Norm::Hf, eps); !found || e < found->rmse) found = Try{t16, e};
     if (found && fits(found->rmse)) {
       f.add_recomputed("precision", std::string("the norm's input ") + input + " rounded to " +
                                       type16_name(found->type) + " before the norm reproduces the candidate "
@@ -813,7 +813,7 @@ void find_norm_variant(Found& f, const TensorData& c, const TensorData& r, const
     double hit_rmse = 0;
     for (const Wiring& v : wirings) {
       if (v.in.empty()) continue;
-      if (const double e = left(v.in, Type16::None, Norm::Hf); fits(e) && (!hit || e < hit_rmse)) hit = &v, hit_rmse = e;
+      if (const double e = left(v.in, Type16::None, Norm::Hf, eps); fits(e) && (!hit || e < hit_rmse)) hit = &v, hit_rmse = e;
     }
     if (hit) {
       f.add_recomputed("alias", "HF's RMSNorm of the candidate's own " + hit->what + " reproduces the candidate " +
@@ -843,11 +843,44 @@ void find_norm_variant(Found& f, const TensorData& c, const TensorData& r, const
   double hit_rmse = 0;
   for (const Variant& v : variants) {
     if (!weight_varies && v.v != Norm::MeanSubtracted && v.v != Norm::EpsOutsideSqrt) continue;
-    if (const double e = left(xc, Type16::None, v.v); fits(e) && (!hit || e < hit_rmse)) hit = &v, hit_rmse = e;
+    if (const double e = left(xc, Type16::None, v.v, eps); fits(e) && (!hit || e < hit_rmse)) hit = &v, hit_rmse = e;
   }
-  if (!hit) return;
-  f.add_recomputed("norm", std::string("HF's RMSNorm of the candidate's own input ") + input + ", changed so that " +
-                             hit->words + ", reproduces the candidate " + numbers(hit_rmse));
+  if (hit) {
+    f.add_recomputed("norm", std::string("HF's RMSNorm of the candidate's own input ") + input + ", changed so that " +
+                                 hit->words + ", reproduces the candidate " + numbers(hit_rmse));
+    return;
+  }
+  // Another eps, fitted: the eps whose norm of the candidate's own input
+  // leaves the least rmse (golden-section search on log eps over twelve
+  // decades around the config's). The norm of the input scaled by c is the
+  // norm with eps / c^2: an engine that scales its embeddings (Gemma's
+  // sqrt(D)) shows it at layer 0's attn_norm.
+  auto at = [&](double log_eps) { return left(xc, Type16::None, Norm::Hf, std::exp(log_eps)); };
+  double lo = std::log(eps) - 6 * std::log(10.0), hi = std::log(eps) + 6 * std::log(10.0);
+  const double phi = (std::sqrt(5.0) - 1) / 2;
+  double a = hi - phi * (hi - lo), b = lo + phi * (hi - lo), fa = at(a), fb = at(b);
+  for (int it = 0; it < 60; ++it) {
+    if (fa < fb) {
+      hi = b, b = a, fb = fa, a = hi - phi * (hi - lo), fa = at(a);
+    } else {
+      lo = a, a = b, fa = fb, b = lo + phi * (hi - lo), fb = at(b);
+    }
+  }
+  const double eps2 = std::exp((lo + hi) / 2);
+  if (std::fabs(eps2 / eps - 1.0) < 0.1) return;
+  const double e = left(xc, Type16::None, Norm::Hf, eps2);
+  if (!fits(e)) return;
+  const double c_in = std::sqrt(eps / eps2);
+  // The fitted eps is as precise as eps's share of the norm allows: the
+  // factor is named when it is within 10% of a known form.
+  const std::string form = recognise_factor(c_in, cfg, 0.1);
+  std::string factor = num(c_in);
+  if (!form.empty()) {
+    factor += " (close to " + form + (form == "sqrt(D)" ? ", Gemma's embedding normaliser" : "") + ")";
+  }
+  f.add_recomputed("norm", "HF's RMSNorm of the candidate's own input " + input + " with eps = " + num(eps2) +
+                               " where the config says " + num(eps) + " reproduces the candidate " + numbers(e) +
+                               ": the norm's eps, or its input scaled by " + factor + " before the norm (eps / c^2)");
 }
 
 void find_softmax_precision(Found& f, const TensorData& c, const TensorSource& cand, const TensorSource& ref) {

@@ -18,6 +18,9 @@ constexpr double kExact = 1e-5;  // residual RMS / RMS of the reference
 constexpr double kFits = 1e-2;   // residual / error before: a partial explanation
 
 std::string num(double v);  // "%.4g"
+// A factor's named form ("sqrt(Dh)", "1/sqrt(D)", "2", ...) within relative
+// `rel`, or "" (compare/signatures.cpp).
+std::string recognise_factor(double c, const std::optional<ModelConfig>& cfg, double rel);
 
 // The "head" view of a tensor: [H, rest] for [H, T, X] tensors, [T, H, X]
 // for [T, H*Dh] projections (H from the config), else none.
@@ -98,7 +101,8 @@ void find_rope_angle_precision(Found& f, const TensorData& c, const TensorData& 
 // weight read off the reference's own input and output: the input rounded
 // to bfloat16 or float16 first (precision), or another formula (norm: the
 // weight as 1 + w, no weight, the mean subtracted, eps outside the square
-// root, the weight before the normalisation).
+// root, the weight before the normalisation), or another eps (its input
+// scaled).
 void find_norm_variant(Found& f, const TensorData& c, const TensorData& r, const TensorSource& cand,
                        const TensorSource& ref, const std::optional<ModelConfig>& cfg);
 // `attn.probs`: the softmax of the candidate's own scores (and the step's

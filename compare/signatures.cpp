@@ -66,14 +66,8 @@ bool Found::has_decisive() const {
   return std::any_of(out.begin(), out.end(), [](const ErrorSignature& s) { return s.decisive; });
 }
 
-}  // namespace sig
-
-namespace {
-
-using namespace sig;
-
-// Named forms of a factor: "sqrt(Dh) = 4", ...
-std::string recognise(double c, const std::optional<ModelConfig>& cfg) {
+// Named forms of a factor: "sqrt(Dh)", ...
+std::string recognise_factor(double c, const std::optional<ModelConfig>& cfg, double rel) {
   if (!cfg) return "";
   const double D = double(cfg->hidden_size);
   const double dh = double(cfg->mla.enabled ? cfg->mla.qk_head_dim() : cfg->head_dim);
@@ -81,9 +75,17 @@ std::string recognise(double c, const std::optional<ModelConfig>& cfg) {
       {"sqrt(Dh)", std::sqrt(dh)}, {"1/sqrt(Dh)", 1.0 / std::sqrt(dh)}, {"Dh", dh}, {"1/Dh", 1.0 / dh},
       {"sqrt(D)", std::sqrt(D)},   {"1/sqrt(D)", 1.0 / std::sqrt(D)},   {"-1", -1.0}, {"2", 2.0}, {"1/2", 0.5}};
   for (const auto& [label, v] : forms)
-    if (std::fabs(c / v - 1.0) < 1e-3) return label;
+    if (std::fabs(c / v - 1.0) < rel) return label;
   return "";
 }
+
+}  // namespace sig
+
+namespace {
+
+using namespace sig;
+
+std::string recognise(double c, const std::optional<ModelConfig>& cfg) { return recognise_factor(c, cfg, 1e-3); }
 
 }  // namespace
 
@@ -173,6 +175,10 @@ std::vector<ErrorSignature> error_signatures(const std::string& name, const Tens
   // the exact-match level the other signatures skip.
   if (err > 0) sig::find_rope_angle_precision(found, c, r, cand, ref);
   if (found.has_decisive()) return out;
+  // An RMSNorm of its input rounded to 16 bits or of another formula; its
+  // eps (or its input scaled): errors as small as eps's share of the norm.
+  if (err > 0) sig::find_norm_variant(found, c, r, cand, ref, cfg);
+  if (found.has_decisive()) return out;
   if (err <= kExact * scale) return out;  // nothing to explain
   const CanonName& cn = found.cn;
   auto add = [&](const std::string& kind, const std::string& detail, double left) { found.add(kind, detail, left); };
@@ -186,9 +192,7 @@ std::vector<ErrorSignature> error_signatures(const std::string& name, const Tens
                                         "formula error");
     return out;
   }
-  // ... or an op computed from a 16-bit input (or in 16 bits throughout), or
-  // an RMSNorm of another formula.
-  sig::find_norm_variant(found, c, r, cand, ref, cfg);
+  // ... or an op computed in 16 bits throughout.
   sig::find_softmax_precision(found, c, cand, ref);
   if (found.has_decisive()) return out;
   // attn.ctx: the attention recomputed from the candidate's own q, k, v.

@@ -50,7 +50,11 @@
 //             the normalisation, the mean subtracted (a LayerNorm), eps
 //             outside the square root (the weight read off the reference's
 //             input and output; the three forms that move the weight only
-//             when it differs between channels);
+//             when it differs between channels); or another eps, fitted
+//             (the norm's eps, or its input scaled by c = sqrt(eps/eps'),
+//             c named when within 10% of a known factor: Gemma's sqrt(D)
+//             embedding normaliser at layer 0). Tried below the 1e-5 level
+//             the other signatures skip: an eps moves a norm by its share;
 //  - length:  the sequence or cache length differs by k (and which part of
 //             the longer side matches the shorter);
 //  - mask:    the pattern of allowed (query, key) cells differs: no mask, the

@@ -504,14 +504,15 @@ std::vector<SignatureCase> signature_cases(const bisect::ModelOracles& m, const 
                      }});
   // RMSNorms of another formula on HF's own input, with the model's weight:
   // Gemma's (1 + weight) and a LayerNorm's mean subtraction.
-  auto norm = [&m](const char* weight_of, const char* input, bool one_plus, bool mean) {
-    return [&m, weight_of, input, one_plus, mean](TensorData& t, const TensorSource& g) {
+  auto norm = [&m](const char* weight_of, const char* input, bool one_plus, bool mean, double in_scale) {
+    return [&m, weight_of, input, one_plus, mean, in_scale](TensorData& t, const TensorSource& g) {
       const LayerWeights& L = m.model.weights->layers[std::string(weight_of) == "mlp" ? 1 : 0];
       const WeightView& wv = std::string(weight_of) == "mlp" ? L.post_attn_norm : L.input_norm;
       const int64_t D = t.shape[1], T = t.shape[0];
       std::vector<float> w(static_cast<size_t>(D));
       wv.rows_f32(0, 1, w.data());
-      const std::vector<float> x = g.get(input).f;
+      std::vector<float> x = g.get(input).f;
+      for (float& e : x) e = float(e * in_scale);
       for (int64_t r = 0; r < T; ++r) {
         double mu = 0, ss = 0;
         if (mean)
@@ -524,12 +525,17 @@ std::vector<SignatureCase> signature_cases(const bisect::ModelOracles& m, const 
     };
   };
   cases.push_back({"step0.layers.1.mlp_norm", "norm", "applied as (1 + weight) (Gemma's RMSNorm)",
-                   norm("mlp", "step0.layers.1.attn_residual", true, false)});
+                   norm("mlp", "step0.layers.1.attn_residual", true, false, 1.0)});
   cases.push_back({"step0.layers.0.attn_norm", "norm", "the mean is subtracted first (a LayerNorm",
-                   norm("attn", "step0.embed", false, true)});
+                   norm("attn", "step0.embed", false, true, 1.0)});
+  // The embeddings scaled by 1/sqrt(D) before layer 0: its attn_norm is the
+  // norm of HF's embeddings with eps x D (within a bfloat16 model's noise).
+  if (!bf16)
+    cases.push_back({"step0.layers.0.attn_norm", "norm", "or its input scaled by",
+                     norm("attn", "step0.embed", false, false, 1.0 / std::sqrt(double(cfg.hidden_size)))});
   // The attention block's residual connection missing: mlp_norm of attn.out alone.
   cases.push_back({"step0.layers.1.mlp_norm", "alias", "step0.layers.1.attn.out alone reproduces the candidate",
-                   norm("mlp", "step0.layers.1.attn.out", false, false)});
+                   norm("mlp", "step0.layers.1.attn.out", false, false, 1.0)});
   // A softmax in float16 throughout (exp, the running sum, the division),
   // from HF's own scores and mask.
   if (!bf16)
