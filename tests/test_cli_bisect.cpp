@@ -511,7 +511,14 @@ std::vector<SignatureCase> signature_cases(const bisect::ModelOracles& m, const 
       const int64_t D = t.shape[1], T = t.shape[0];
       std::vector<float> w(static_cast<size_t>(D));
       wv.rows_f32(0, 1, w.data());
-      std::vector<float> x = g.get(input).f;
+      // "a+b": the sum of two of HF's tensors, as the residual adds them.
+      const std::string in(input);
+      const size_t plus = in.find('+');
+      std::vector<float> x = g.get(in.substr(0, plus)).f;
+      if (plus != std::string::npos) {
+        const std::vector<float> y = g.get(in.substr(plus + 1)).f;
+        for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
+      }
       for (float& e : x) e = float(e * in_scale);
       for (int64_t r = 0; r < T; ++r) {
         double mu = 0, ss = 0;
@@ -536,6 +543,10 @@ std::vector<SignatureCase> signature_cases(const bisect::ModelOracles& m, const 
   // The attention block's residual connection missing: mlp_norm of attn.out alone.
   cases.push_back({"step0.layers.1.mlp_norm", "alias", "step0.layers.1.attn.out alone reproduces the candidate",
                    norm("mlp", "step0.layers.1.attn.out", false, false, 1.0)});
+  // o_proj skipped: mlp_norm of the layer's input plus the attention's context.
+  if (g.shape("step0.layers.1.attn.ctx") == g.shape("step0.layers.1.attn.out"))
+    cases.push_back({"step0.layers.1.mlp_norm", "alias", "o_proj skipped",
+                     norm("mlp", "step0.layers.0.out+step0.layers.1.attn.ctx", false, false, 1.0)});
   // A softmax in float16 throughout (exp, the running sum, the division),
   // from HF's own scores and mask.
   if (!bf16)
