@@ -13,6 +13,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "compare/metrics.h"
 #include "compare/parallel.h"
 #include "compare/tolerance.h"
 #include "dumps/base/errors.h"
@@ -371,17 +372,7 @@ std::optional<Hypothesis> refine_parameter(const Context& cx, const std::string&
     if (fx < best_f) best_f = fx, best_x = x;
   }
   const double step = (hi - lo) / kScan;
-  double a = best_x - step, b = best_x + step;
-  const double g = (std::sqrt(5.0) - 1) / 2;
-  double c = b - g * (b - a), d = a + g * (b - a), fc = f(c), fd = f(d);
-  for (int it = 0; it < 30; ++it) {
-    if (fc < fd) {
-      b = d, d = c, fd = fc, c = b - g * (b - a), fc = f(c);
-    } else {
-      a = c, c = d, fc = fd, d = a + g * (b - a), fd = f(d);
-    }
-  }
-  double v = std::exp(fc < fd ? c : d);
+  double v = std::exp(golden_section_min(f, best_x - step, best_x + step, 30));
   // Prefer a round value when it fits as well.
   double chosen = v, chosen_f = kInf;
   for (int digits : {2, 3, 4, 6}) {

@@ -712,4 +712,17 @@ void count_nonfinite(float v, int64_t at, NonFiniteCounts& c) {
   }
 }
 
+double golden_section_min(const std::function<double(double)>& f, double a, double b, int iterations) {
+  const double g = (std::sqrt(5.0) - 1) / 2;
+  double c = b - g * (b - a), d = a + g * (b - a), fc = f(c), fd = f(d);
+  for (int it = 0; it < iterations; ++it) {
+    if (fc < fd) {
+      b = d, d = c, fd = fc, c = b - g * (b - a), fc = f(c);
+    } else {
+      a = c, c = d, fc = fd, d = a + g * (b - a), fd = f(d);
+    }
+  }
+  return fc < fd ? c : d;
+}
+
 }  // namespace llmdiff::compare

@@ -2,6 +2,7 @@
 // reference and `cand` (a) the candidate; every sum is accumulated in double.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -65,6 +66,10 @@ int64_t ulp_distance(float a, float b, ComputeDType grid);
 // of `a` lies within one ulp of `b`'s: `a` is `b` rounded to that dtype.
 // nullopt when neither fits (or a value is not finite).
 std::optional<ComputeDType> rounded_grid(const float* a, const float* b, int64_t n);
+
+// The x in [a, b] where f is least, by golden-section search (`iterations`
+// steps; f unimodal there): the better of the last two points tried.
+double golden_section_min(const std::function<double(double)>& f, double a, double b, int iterations);
 
 FloatMetrics float_metrics(const float* ref, const float* cand, int64_t n, ComputeDType ulp_dtype);
 

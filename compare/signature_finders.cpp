@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "compare/layout.h"
+#include "compare/metrics.h"
 #include "compare/noise_floor.h"
 #include "dumps/base/dtype.h"
 
@@ -855,18 +856,9 @@ void find_norm_variant(Found& f, const TensorData& c, const TensorData& r, const
   // decades around the config's). The norm of the input scaled by c is the
   // norm with eps / c^2: an engine that scales its embeddings (Gemma's
   // sqrt(D)) shows it at layer 0's attn_norm.
-  auto at = [&](double log_eps) { return left(xc, Type16::None, Norm::Hf, std::exp(log_eps)); };
-  double lo = std::log(eps) - 6 * std::log(10.0), hi = std::log(eps) + 6 * std::log(10.0);
-  const double phi = (std::sqrt(5.0) - 1) / 2;
-  double a = hi - phi * (hi - lo), b = lo + phi * (hi - lo), fa = at(a), fb = at(b);
-  for (int it = 0; it < 60; ++it) {
-    if (fa < fb) {
-      hi = b, b = a, fb = fa, a = hi - phi * (hi - lo), fa = at(a);
-    } else {
-      lo = a, a = b, fa = fb, b = lo + phi * (hi - lo), fb = at(b);
-    }
-  }
-  const double eps2 = std::exp((lo + hi) / 2);
+  const double eps2 = std::exp(golden_section_min(
+      [&](double log_eps) { return left(xc, Type16::None, Norm::Hf, std::exp(log_eps)); },
+      std::log(eps) - 6 * std::log(10.0), std::log(eps) + 6 * std::log(10.0), 60));
   if (std::fabs(eps2 / eps - 1.0) < 0.1) return;
   const double e = left(xc, Type16::None, Norm::Hf, eps2);
   if (!fits(e)) return;

@@ -777,37 +777,32 @@ std::vector<SignatureCase> signature_cases(const bisect::ModelOracles& m, const 
                          }
                      }});
   }
+  // x [T, in] times the [out, in] weight W: x W^T as HF, or with the memory
+  // read as [in, out] (x W), in double, stored at the model's precision.
+  auto project = [bf16](const std::vector<float>& x, const WeightView& W, bool transposed, TensorData& t) {
+    const int64_t out = W.shape[0], in = W.shape[1], T = int64_t(x.size()) / in;
+    std::vector<float> w(size_t(out * in));
+    W.rows_f32(0, out, w.data());
+    for (int64_t r = 0; r < T; ++r)
+      for (int64_t c = 0; c < out; ++c) {
+        double acc = 0;
+        for (int64_t i = 0; i < in; ++i)
+          acc += double(x[size_t(r * in + i)]) * w[size_t(transposed ? i * out + c : c * in + i)];
+        t.f[size_t(r * out + c)] = bf16 ? bf16_to_f32(f32_to_bf16(float(acc))) : float(acc);
+      }
+  };
   // o_proj's [out, in] data read as [in, out] (x W instead of x W^T), from HF's own attn.ctx.
   cases.push_back({"step0.layers.0.attn.out", "transposed-weight", "weight matrix transposed",
-                   [&m, bf16](TensorData& t, const TensorSource& g) {
-                     const WeightView& o = m.model.weights->layers[0].o;
-                     const TensorData ctx = g.get("step0.layers.0.attn.ctx");
-                     const int64_t out = o.shape[0], in = o.shape[1], T = ctx.shape[0];
-                     std::vector<float> w(size_t(out * in));
-                     o.rows_f32(0, out, w.data());
-                     for (int64_t r = 0; r < T; ++r)
-                       for (int64_t c = 0; c < out; ++c) {
-                         double acc = 0;
-                         for (int64_t i = 0; i < in; ++i) acc += double(ctx.f[size_t(r * in + i)]) * w[size_t(i * out + c)];
-                         t.f[size_t(r * out + c)] = bf16 ? bf16_to_f32(f32_to_bf16(float(acc))) : float(acc);
-                       }
+                   [&m, project](TensorData& t, const TensorSource& g) {
+                     project(g.get("step0.layers.0.attn.ctx").f, m.model.weights->layers[0].o, true, t);
                    }});
   // The final norm skipped: lm_head (or the tied embedding) on HF's own last
   // layer output.
   cases.push_back({"step0.logits", "alias", "the RMSNorm before it skipped",
-                   [&m, bf16](TensorData& t, const TensorSource& g) {
+                   [&m, project](TensorData& t, const TensorSource& g) {
                      const ModelWeights& mw = *m.model.weights;
                      const WeightView& W = mw.lm_head_tied || !mw.lm_head ? mw.embed : mw.lm_head;
-                     const TensorData x = g.get(layer_name(0, int(mw.layers.size()) - 1, "out"));
-                     const int64_t V = W.shape[0], D = W.shape[1], T = x.shape[0];
-                     std::vector<float> w(size_t(V * D));
-                     W.rows_f32(0, V, w.data());
-                     for (int64_t r = 0; r < T; ++r)
-                       for (int64_t v = 0; v < V; ++v) {
-                         double acc = 0;
-                         for (int64_t i = 0; i < D; ++i) acc += double(x.f[size_t(r * D + i)]) * w[size_t(v * D + i)];
-                         t.f[size_t(r * V + v)] = bf16 ? bf16_to_f32(f32_to_bf16(float(acc))) : float(acc);
-                       }
+                     project(g.get(layer_name(0, int(mw.layers.size()) - 1, "out")).f, W, false, t);
                    }});
   return cases;
 }
