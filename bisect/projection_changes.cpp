@@ -8,6 +8,7 @@
 
 #include "bisect/pipeline.h"
 #include "dumps/contract/names.h"
+#include "dumps/contract/sites.h"
 
 namespace llmdiff::bisect {
 
@@ -56,8 +57,7 @@ std::vector<float> own_input(const TensorSource& dump, const CanonName& cn, cons
   };
   std::vector<float> x = rows(name);
   if (!x.empty() || parse_name(name).site != "attn_residual") return x;
-  const std::string layer_in = cn.layer == 0 ? step_name(cn.step, "embed") : layer_name(cn.step, cn.layer - 1, "out");
-  std::vector<float> a = rows(layer_in), b = rows(layer_name(cn.step, cn.layer, "attn.out"));
+  std::vector<float> a = rows(layer_input_name(cn.step, cn.layer)), b = rows(layer_name(cn.step, cn.layer, "attn.out"));
   if (a.empty() || a.size() != b.size()) return {};
   for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
   return a;
@@ -89,7 +89,7 @@ std::optional<std::vector<float>> RefLocalOracle::changed_projection(const Tenso
     case compare::ProjectionChange::NormSkipped:
       // The norm's own input in place of its output.
       if (p->input == "attn_norm")
-        in_name = cn.layer == 0 ? step_name(cn.step, "embed") : layer_name(cn.step, cn.layer - 1, "out");
+        in_name = layer_input_name(cn.step, cn.layer);
       else if (p->input == "mlp_norm")
         in_name = layer_name(cn.step, cn.layer, "attn_residual");
       else if (p->input == "final_norm" && L > 0)

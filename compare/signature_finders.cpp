@@ -10,6 +10,7 @@
 #include "compare/layout.h"
 #include "compare/metrics.h"
 #include "compare/noise_floor.h"
+#include "dumps/contract/sites.h"
 #include "dumps/base/dtype.h"
 
 namespace llmdiff::compare::sig {
@@ -698,7 +699,7 @@ void find_norm_variant(Found& f, const TensorData& c, const TensorData& r, const
   const CanonName& cn = f.cn;
   std::string input;  // the norm's input (HF's residual stream at that point)
   if (cn.site == "attn_norm" && cn.kind == CanonName::Kind::Layer)
-    input = cn.layer == 0 ? step_name(cn.step, "embed") : layer_name(cn.step, cn.layer - 1, "out");
+    input = layer_input_name(cn.step, cn.layer);
   else if (cn.site == "mlp_norm" && cn.kind == CanonName::Kind::Layer)
     input = layer_name(cn.step, cn.layer, "attn_residual");
   else if (cn.site == "final_norm" && cfg && cfg->num_hidden_layers > 0)
@@ -709,17 +710,18 @@ void find_norm_variant(Found& f, const TensorData& c, const TensorData& r, const
   // engine recorded at module boundaries holds those two, not their sum (and
   // the reference records what the candidate holds).
   const bool mlp = cn.site == "mlp_norm";
-  const std::string layer_in = !mlp ? "" : cn.layer == 0 ? step_name(cn.step, "embed")
-                                                         : layer_name(cn.step, cn.layer - 1, "out");
+  const std::string layer_in = mlp ? layer_input_name(cn.step, cn.layer) : "";
   const std::string attn_out = mlp ? layer_name(cn.step, cn.layer, "attn.out") : "";
-  auto norm_input = [&](const TensorSource& src) {
-    std::vector<float> x = own_rows(src, input, c.shape);
-    if (x.empty() && mlp) x = summed(own_rows(src, layer_in, c.shape), own_rows(src, attn_out, c.shape));
-    return x;
-  };
-  const std::vector<float> xr = norm_input(ref);  // the reference's, for its weight
+  std::vector<float> xr = own_rows(ref, input, c.shape);  // the reference's, for its weight
+  if (xr.empty() && mlp) xr = summed(own_rows(ref, layer_in, c.shape), own_rows(ref, attn_out, c.shape));
   if (xr.empty()) return;
-  const std::vector<float> xc = norm_input(cand);  // HF's input, the candidate's values
+  // The candidate's own layer input and attention output (mlp_norm), read
+  // once: HF's input of the norm when it holds no attn_residual, and the
+  // wirings tried below.
+  const std::vector<float> x_in = mlp ? own_rows(cand, layer_in, c.shape) : std::vector<float>{},
+                           a = mlp ? own_rows(cand, attn_out, c.shape) : std::vector<float>{};
+  std::vector<float> xc = own_rows(cand, input, c.shape);  // HF's input, the candidate's values
+  if (xc.empty() && mlp) xc = summed(x_in, a);
   const double eps = cfg ? cfg->rms_norm_eps : 1e-6;
   auto inv_rms = [&](const float* x) {
     double ss = 0;
@@ -795,7 +797,6 @@ void find_norm_variant(Found& f, const TensorData& c, const TensorData& r, const
   // mlp_norm of another input than the residual stream after attention: the
   // residual connection wired wrong.
   if (mlp) {
-    const std::vector<float> x = own_rows(cand, layer_in, c.shape), a = own_rows(cand, attn_out, c.shape);
     const std::string attn_norm = layer_name(cn.step, cn.layer, "attn_norm"),
                       ctx = layer_name(cn.step, cn.layer, "attn.ctx");
     struct Wiring {
@@ -806,8 +807,8 @@ void find_norm_variant(Found& f, const TensorData& c, const TensorData& r, const
         {a, attn_out + " alone", "the attention block's residual connection is missing"},
         {summed(own_rows(cand, attn_norm, c.shape), a), attn_norm + " + " + attn_out,
          "the residual added to the normed input instead of the layer's input " + layer_in},
-        {x, layer_in + " alone", "the attention block's output is not added"},
-        {summed(x, own_rows(cand, ctx, c.shape)), layer_in + " + " + ctx,
+        {x_in, layer_in + " alone", "the attention block's output is not added"},
+        {summed(x_in, own_rows(cand, ctx, c.shape)), layer_in + " + " + ctx,
          "o_proj skipped, the attention's context added as it is"},
     };
     const Wiring* hit = nullptr;

@@ -59,9 +59,8 @@ std::optional<Residual> residual_at(const RankView& cand, const std::string& pre
                                     std::string* partial_site) {
   const CanonName c = parse_name(name);
   const bool attn = c.site == site_name(Site::AttnResidual);
-  const std::string entering = attn ? (c.layer == 0 ? step_name(c.step, Site::Embed)
-                                                    : layer_name(c.step, c.layer - 1, Site::Out))
-                                    : layer_name(c.step, c.layer, Site::AttnResidual);
+  const std::string entering =
+      attn ? layer_input_name(c.step, c.layer) : layer_name(c.step, c.layer, Site::AttnResidual);
   std::string partial = layer_name(c.step, c.layer, attn ? Site::AttnOut : Site::MlpDown);
   if (!attn && !cand.has(prefix + partial)) partial = layer_name(c.step, c.layer, Site::MoeOut);
   *partial_site = parse_name(partial).site;

@@ -192,4 +192,8 @@ std::string step_name(int step, Site s) { return step_name(step, std::string(sit
 
 std::string layer_name(int step, int layer, Site s) { return layer_name(step, layer, std::string(site_name(s))); }
 
+std::string layer_input_name(int step, int layer) {
+  return layer == 0 ? step_name(step, Site::Embed) : layer_name(step, layer - 1, Site::Out);
+}
+
 }  // namespace llmdiff

@@ -92,5 +92,8 @@ bool integer_site(const std::string& site);
 // Full names of a site: "step0.mask", "step0.layers.1.attn.q".
 std::string step_name(int step, Site s);
 std::string layer_name(int step, int layer, Site s);
+// The residual stream entering layer `layer` at `step`: step{N}.embed for
+// layer 0, else the layer before's out.
+std::string layer_input_name(int step, int layer);
 
 }  // namespace llmdiff
