@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/compute_probe.h"
 #include "bench/serving.h"
 #include "bench/support.h"
 #include "bisect/engines.h"
@@ -64,6 +65,9 @@ struct ModelFacts {
   uint64_t params = 0;             // distinct weight elements
   uint64_t decode_params = 0;      // weight elements one decode token reads (one embedding row)
   double prefill_flops = 0;        // useful work of one prefill: matmuls, attention, last-row logits
+  double token_matmul_flops = 0;   // one token through every layer's products (a MoE layer's active experts)
+  double token_head_flops = 0;     // one token's logits
+  double attention_pair_flops = 0; // one query attending to one key, every layer and head
 };
 
 ModelFacts model_facts(const std::string& dir, int prompt) {
@@ -102,10 +106,23 @@ ModelFacts model_facts(const std::string& dir, int prompt) {
   // A decode token reads the active weights (norms and biases are noise next to them).
   f.decode_params = layer_active + uint64_t(w.final_norm.numel()) + head + (w.lm_head_tied ? 0 : D);
   const double T = prompt;
-  f.prefill_flops = 2.0 * T * double(layer_matmul) +
-                    double(c.num_hidden_layers) * 2.0 * double(c.num_attention_heads) *
-                        double(c.mla.enabled ? c.mla.qk_head_dim() + c.mla.v_head_dim : 2 * c.head_dim) * T * (T + 1) / 2.0 + 2.0 * double(head);
+  f.token_matmul_flops = 2.0 * double(layer_matmul);
+  f.token_head_flops = 2.0 * double(head);
+  f.attention_pair_flops = double(c.num_hidden_layers) * 2.0 * double(c.num_attention_heads) *
+                           double(c.mla.enabled ? c.mla.qk_head_dim() + c.mla.v_head_dim : 2 * c.head_dim);
+  f.prefill_flops = T * f.token_matmul_flops + f.attention_pair_flops * T * (T + 1) / 2.0 + f.token_head_flops;
   return f;
+}
+
+// The products of one pass of the bisection over `prompt` tokens then
+// `decode` one-token calls, as the reference runs and the local recompute
+// make them: every row through every layer and the head (the passes record
+// the logits of every row), each query against its causal keys.
+double pass_flops(const ModelFacts& f, int prompt, int decode) {
+  const double P = prompt, rows = double(prompt) + double(decode);
+  double pairs = P * (P + 1) / 2.0;
+  for (int i = 1; i <= decode; ++i) pairs += P + i;
+  return rows * (f.token_matmul_flops + f.token_head_flops) + f.attention_pair_flops * pairs;
 }
 
 size_t compute_dtype_size(ComputeDType d) {
@@ -315,6 +332,19 @@ std::string bench_e2e(const BenchOptions& o, ComputeDType ref_dtype, const std::
   return j.dump();
 }
 
+// The seconds of a pipeline run's four passes (one phase when they run in
+// lanes, else one phase each).
+double passes_seconds(const json& phases) {
+  double s = 0;
+  for (const auto& p : phases) {
+    const std::string what = p["phase"];
+    if (what.rfind("clean run of the hypothesis engine", 0) == 0 || what.rfind("reference run in", 0) == 0 ||
+        what.rfind("local recompute of the candidate", 0) == 0)
+      s += p["seconds"].get<double>();
+  }
+  return s;
+}
+
 // The child's work for --e2e, second part, and for --bisect: the pipeline of
 // `llmdiff run` with its defaults (float64 noise floor, local errors,
 // diagnosis), phase by phase, over an impl candidate with the bugs `inject`
@@ -363,8 +393,53 @@ std::string bench_run_pipeline(const BenchOptions& o, const std::vector<std::str
             {"localised_at", r.localised_at().value_or("")},
             {"diagnosis", compare::named_bug(r.finding) ? compare::named_bug(r.finding)->str() : ""},
             {"exit_code", r.exit_code()}};
+  j["passes_seconds"] = passes_seconds(phases);
   if (!inject.empty()) j["injected"] = inject.front();
   return j.dump();
+}
+
+// The compute floor of a bisection's four passes (the float64 truth, the
+// candidate's float64 local recompute, the reference at float32 and the
+// clean impl run, bisect/schedule.cpp): their products at the best rate the
+// probe of the passes' shape measured (the impl's own kernels counted at the
+// BLAS's float32 rate: a lower bound).
+std::string bisect_compute(const BenchOptions& o, const ModelFacts& f) {
+  const ModelConfig& c = f.config;
+  const int64_t m = int64_t(o.prompt) + o.e2e_decode, k = c.hidden_size;
+  const int64_t n = c.intermediate_size > 0 ? c.intermediate_size : c.hidden_size;
+  const ComputeProbe p = measure_products(m, k, n, o.threads);
+  const double F = pass_flops(f, o.prompt, o.e2e_decode);
+  auto rate = [](const GemmRate& r) {
+    return json{{"one_thread", r.one}, {"one_product", r.one_product}, {"side_by_side", r.side_by_side}};
+  };
+  return json{{"shape", {m, k, n}},
+              {"threads", p.threads},
+              {"float32_gflops", rate(p.f32)},
+              {"float64_gflops", rate(p.f64)},
+              {"pass_flops", F},
+              {"floor_seconds", 2 * F / (p.f64.best() * 1e9) + 2 * F / (p.f32.best() * 1e9)}}
+      .dump();
+}
+
+void print_compute(const json& c) {
+  if (c.contains("error")) {
+    std::printf("\nproducts' throughput: error: %s\n", c["error"].get<std::string>().c_str());
+    return;
+  }
+  const auto shape = c["shape"].get<std::vector<int64_t>>();
+  const int threads = c["threads"].get<int>();
+  std::printf("\nproducts of the passes' shape ([%lld, %lld] x [%lld, %lld]^T, libtorch on the BLAS above), GFLOP/s:\n",
+              (long long)shape[0], (long long)shape[1], (long long)shape[2], (long long)shape[1]);
+  for (const char* dt : {"float32", "float64"}) {
+    const json& r = c[std::string(dt) + "_gflops"];
+    std::printf("  %-8s %7.1f on one thread, %7.1f on %d in one product, %7.1f as %d products side by side (one thread "
+                "each)\n",
+                dt, r["one_thread"].get<double>(), r["one_product"].get<double>(), threads,
+                r["side_by_side"].get<double>(), threads);
+  }
+  std::printf("compute floor of the four passes (the float64 truth and local recompute, the float32 reference and clean "
+              "run; %.3f TFLOP each) at the best of these rates: %.2f s\n",
+              c["pass_flops"].get<double>() * 1e-12, c["floor_seconds"].get<double>());
 }
 
 std::string fmt(const char* f, double v) {
@@ -461,9 +536,11 @@ std::vector<std::string> model_bugs(const ModelConfig& c) {
 // `--bisect all`: one row per bug, as `llmdiff bisect` of its candidate.
 void print_bisect_table(const json& rows, const BenchOptions& o) {
   std::printf("\n`llmdiff run --inject BUG` for every bug of the zoo this model has (bisect of a candidate with the "
-              "bug), prompt %d + %d decode steps; bisect = every phase after the candidate's own run:\n",
+              "bug), prompt %d + %d decode steps; bisect = every phase after the candidate's own run, of which "
+              "passes = the four passes:\n",
               o.prompt, o.e2e_decode);
-  std::printf("  %-26s %9s %9s %9s  %-40s %s\n", "bug", "total s", "bisect s", "peak GB", "localised at", "named");
+  std::printf("  %-26s %9s %9s %9s %9s  %-40s %s\n", "bug", "total s", "bisect s", "passes s", "peak GB",
+              "localised at", "named");
   int named = 0;
   double worst = 0;
   for (const json& r : rows) {
@@ -476,8 +553,9 @@ void print_bisect_table(const json& rows, const BenchOptions& o) {
     const bool right = diag == bug || diag.rfind(bug + "=", 0) == 0;
     named += right;
     worst = std::max(worst, r["bisect_seconds"].get<double>());
-    std::printf("  %-26s %9.2f %9.2f %9.2f  %-40s %s\n", bug.c_str(), r["seconds"].get<double>(),
-                r["bisect_seconds"].get<double>(), double(r["peak_rss_bytes"].get<int64_t>()) * 1e-9,
+    std::printf("  %-26s %9.2f %9.2f %9.2f %9.2f  %-40s %s\n", bug.c_str(), r["seconds"].get<double>(),
+                r["bisect_seconds"].get<double>(), r["passes_seconds"].get<double>(),
+                double(r["peak_rss_bytes"].get<int64_t>()) * 1e-9,
                 r["localised_at"].get<std::string>().c_str(),
                 right ? "yes" : (diag.empty() ? "no (no bug of the zoo fits)" : ("no: " + diag).c_str()));
   }
@@ -617,7 +695,7 @@ int run_bench(const BenchOptions& o) {
     e2e["run"] = run;
   }
 
-  json bis;
+  json bis, compute;
   const std::vector<std::string> bisected = o.bisect == "all" ? model_bugs(c) : std::vector<std::string>{o.bisect};
   if (!o.bisect.empty()) {
     json rows = json::array();
@@ -630,6 +708,10 @@ int run_bench(const BenchOptions& o) {
       rows.push_back(row);
     }
     bis = o.bisect == "all" ? rows : rows[0];
+    if (!o.json_out) std::fprintf(stderr, "bench: measuring the products' throughput ...\n");
+    const ChildOutcome out = run_in_child([&] { return bisect_compute(o, facts); });
+    compute = out.ok ? json::parse(out.output) : json{{"error", out.failure}};
+    if (!out.ok) failed = true;
   }
 
   json batch = json::array();
@@ -701,6 +783,7 @@ int run_bench(const BenchOptions& o) {
               {"engines", rows}};
     if (o.e2e) j["e2e"] = e2e;
     if (!o.bisect.empty()) j["bisect"] = bis;
+    if (!o.bisect.empty()) j["bisect_compute"] = compute;
     if (o.batch > 0) j["batch"] = batch;
     if (o.serving > 0) j["serving"] = serving;
     std::printf("%s\n", j.dump(2).c_str());
@@ -733,6 +816,7 @@ int run_bench(const BenchOptions& o) {
     print_pipeline(bis, "`llmdiff run --inject " + o.bisect + "` (bisect of a candidate with the bug: noise floor, local "
                         "errors, diagnosis), prompt " + std::to_string(o.prompt) + " + " + std::to_string(o.e2e_decode) +
                         " decode steps:");
+  if (!o.bisect.empty()) print_compute(compute);
   return failed ? 2 : 0;
 }
 

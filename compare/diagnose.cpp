@@ -157,6 +157,11 @@ struct Context {
   std::vector<const TensorComparison*> cand_cmp;  // the global comparison of each of cand_names (or null)
   std::map<std::string, double> clean_rmse;  // the clean model's run vs the candidate, per name
   int first_step = 0;                         // the candidate's first forward call
+  // The first local failure recomputed at float32 from the candidate's own
+  // inputs with the reference's ops: what the screen compares each
+  // hypothesis' recompute with (made on the first screen).
+  std::unique_ptr<Recomputed> screen_clean;
+  bool screen_clean_made = false;
 };
 
 // Replays the scenario with `e.hypothesis` and compares every name. A
@@ -288,13 +293,14 @@ void local_evidence(const Context& cx, HypothesisEvidence& e) {
 // The screen before any replay, for a first local failure after the first
 // forward call (where a replay must run every call before it to get there):
 // that site alone recomputed from the candidate's own inputs with the
-// hypothesis' ops (no run of the scenario). When the hypothesis leaves that
-// op exactly as the reference computes it, it does not act on the op that
-// is wrong there: it is not replayed, and its summary says so. Hypotheses
-// the local oracle cannot recompute, those that change that op at all (a
-// wrong parameter value too) and first local failures in the first layer of
-// the first call (whose replay is short) are replayed as before.
-bool screened_out_locally(const Context& cx, HypothesisEvidence& e) {
+// hypothesis' ops (no run of the scenario), at float32 (op_unchanged_under).
+// When the hypothesis leaves that op exactly as the reference computes it,
+// it does not act on the op that is wrong there: it is not replayed, and its
+// summary says so. Hypotheses the local oracle cannot recompute, those that
+// change that op at all (a wrong parameter value too) and first local
+// failures in the first layer of the first call (whose replay is short) are
+// replayed as before.
+bool screened_out_locally(Context& cx, HypothesisEvidence& e) {
   const DiagnoseInputs& in = cx.in;
   if (cx.local_focus.empty() || !in.oracle || !in.cand_local || !in.oracle->supports(e.hypothesis)) return false;
   // A replay to a first local failure in the first call before its second
@@ -309,7 +315,14 @@ bool screened_out_locally(const Context& cx, HypothesisEvidence& e) {
   const LocalSite* clean = cx.local->find(cx.local_focus);
   if (!clean || clean->pass) return false;
   try {
-    if (!op_unchanged_under(*in.oracle, *in.cand, *in.cand_local, cx.local_focus, e.hypothesis)) return false;
+    if (!cx.screen_clean_made) {
+      cx.screen_clean_made = true;
+      const std::vector<std::string> one = {cx.local_focus};
+      cx.screen_clean = in.oracle->recompute(*in.cand, ComputeDType::Float32, nullptr, &one);
+    }
+    if (!cx.screen_clean || !op_unchanged_under(*in.oracle, *in.cand, *cx.screen_clean, cx.local_focus,
+                                                e.hypothesis, ComputeDType::Float32))
+      return false;
   } catch (const Error&) {
     return false;  // the recompute cannot judge it: the replay does
   }

@@ -364,9 +364,9 @@ bool same_values(const TensorSource& a, const TensorSource& b, const std::string
 }  // namespace
 
 bool op_unchanged_under(const LocalOracle& oracle, const TensorSource& cand, const Recomputed& clean,
-                        const std::string& name, const Hypothesis& h) {
+                        const std::string& name, const Hypothesis& h, ComputeDType dtype) {
   const std::vector<std::string> one = {name};
-  const std::unique_ptr<Recomputed> values = oracle.recompute(cand, ComputeDType::Float64, &h, &one);
+  const std::unique_ptr<Recomputed> values = oracle.recompute(cand, dtype, &h, &one);
   return values && values->values.has(name) && clean.values.has(name) &&
          same_values(values->values, clean.values, name);
 }

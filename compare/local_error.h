@@ -249,10 +249,13 @@ LocalReport analyse_local_variant(const LocalOracle& oracle, const TensorSource&
 
 // Whether `h` leaves the op at the candidate's site `name` as the reference
 // ops compute it: that site alone recomputed under `h` from the candidate's
-// own inputs (float64) gives exactly `clean`'s values there (false when the
-// oracle cannot recompute it).
+// own inputs at `dtype` gives exactly `clean`'s values there, `clean` being
+// the same site recomputed at `dtype` without `h` (false when the oracle
+// cannot recompute it). At float32: an op the hypothesis moves by less than
+// float32's rounding everywhere cannot explain a local failure above the
+// noise floor, and the product costs half a float64 one.
 bool op_unchanged_under(const LocalOracle& oracle, const TensorSource& cand, const Recomputed& clean,
-                        const std::string& name, const Hypothesis& h);
+                        const std::string& name, const Hypothesis& h, ComputeDType dtype = ComputeDType::Float64);
 
 // The reference's float64 recompute over the candidate's subset of names
 // (what analyse_local needs as `ref_local`).

@@ -1370,6 +1370,46 @@ TEST_P(BisectClean, AHypothesisIsRecomputedOnlyWhereItCanChangeASite) {
   EXPECT_GE(tried.size(), 8u);
 }
 
+// The diagnosis' screen recomputes the first local failure with each
+// hypothesis' ops at float32 against the reference's ops at float32: it
+// screens out exactly the hypotheses a float64 screen (against the
+// candidate's float64 recompute) screens out, and keeps the bug.
+TEST_P(BisectClean, TheScreenAtFloat32KeepsWhatTheFloat64ScreenKeeps) {
+  const std::string model = GetParam();
+  const bisect::ModelOracles& m = oracles(model);
+  const Scenario sc = golden_scenario(model);
+  size_t screened = 0, kept = 0;
+  for (const std::string bug : {"mask-square", "kv-overwrite", "last-token-first", "lm-head"}) {
+    if (!zoo::bug_inapplicable_reason(zoo::parse_bug(bug).bug, m.model.config).empty() || !m.hypotheses.acts_in(bug, sc))
+      continue;
+    SCOPED_TRACE(bug);
+    std::unique_ptr<MemoryDump> cand = impl_candidate(m, sc, {bug});
+    const std::vector<std::string> names = cand->names();
+    std::unique_ptr<MemoryDump> ref = m.reference.run(sc, ComputeDType::Float32, names);
+    auto ref_local = m.oracle.recompute(compare::SubsetSource(*ref, names), ComputeDType::Float64);
+    auto cand_local = m.oracle.recompute(*cand, ComputeDType::Float64);
+    const compare::LocalReport clean =
+        compare::judge_local(*cand, *cand_local, ref.get(), ref_local.get(), ComputeDType::Float32);
+    ASSERT_TRUE(clean.first_failure.has_value());
+    const std::string first = clean.sites[*clean.first_failure].name;
+    const std::vector<std::string> focus = {first};
+    auto clean32 = m.oracle.recompute(*cand, ComputeDType::Float32, nullptr, &focus);
+    for (const compare::Hypothesis& h : m.hypotheses.hypotheses()) {
+      if (!m.oracle.supports(h)) continue;
+      SCOPED_TRACE(h.str() + " at " + first);
+      const bool at64 = compare::op_unchanged_under(m.oracle, *cand, *cand_local, first, h);
+      const bool at32 = compare::op_unchanged_under(m.oracle, *cand, *clean32, first, h, ComputeDType::Float32);
+      EXPECT_EQ(at64, at32);
+      if (h.bug == bug) {
+        EXPECT_FALSE(at32);
+      }
+      (at32 ? screened : kept) += 1;
+    }
+  }
+  EXPECT_GT(screened, 0u);
+  EXPECT_GT(kept, 0u);
+}
+
 // Every value name of `want` (not the tokens fed or the greedy picks) is in
 // `truth` with the same shape, integers equal and floats within 2 float32
 // ulps (both are float64 results stored as float32). Returns the float names

@@ -195,6 +195,17 @@ TEST(CliSynthBench, BisectOfAnInjectedBugIsTimedLocalisedAndNamed) {
   }
   EXPECT_TRUE(diagnosed) << b["phases"].dump();
   EXPECT_LE(sum, b["seconds"].get<double>() + 1e-6);
+  // The four passes are one phase (two lanes) or one each; within the bisect.
+  EXPECT_GT(b["passes_seconds"].get<double>(), 0.0);
+  EXPECT_LE(b["passes_seconds"].get<double>(), b["bisect_seconds"].get<double>() + 1e-6);
+  // The products' throughput at the passes' shape, and the passes' compute floor from it.
+  const auto& c = j["bisect_compute"];
+  ASSERT_FALSE(c.contains("error")) << c.dump();
+  EXPECT_EQ(c["shape"], nlohmann::json::array({12, 512, 1536}));  // prompt + decode rows, hidden, intermediate
+  for (const char* dt : {"float32_gflops", "float64_gflops"})
+    for (const char* how : {"one_thread", "one_product", "side_by_side"}) EXPECT_GT(c[dt][how].get<double>(), 0.0);
+  EXPECT_GT(c["pass_flops"].get<double>(), 2.0 * 12 * 4 * 3 * 512 * 1536);  // at least the MLPs of 12 rows
+  EXPECT_GT(c["floor_seconds"].get<double>(), 0.0);
   // An unknown bug is a usage error before any work.
   EXPECT_EQ(llmdiff::testing::run_cli({"bench", "--model", dir, "--bisect", "no-such-bug"}).code, 2);
 }
