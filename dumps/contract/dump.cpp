@@ -79,7 +79,8 @@ int TensorSource::num_steps() const {
 
 std::vector<std::vector<int64_t>> TensorSource::step_tokens() const {
   std::vector<std::vector<int64_t>> out;
-  for (int s = 0; s < num_steps(); ++s) {
+  const int steps = num_steps();  // every name parsed: once, not per step
+  for (int s = 0; s < steps; ++s) {
     const std::string name = step_name(s, Site::Tokens);
     if (!has(name)) throw MissingTensorError(label(), name);
     TensorData t = get(name);

@@ -61,7 +61,8 @@ bool in_window(const LayerWindow& w, const std::string& name) {
 
 void check_boundary(const LayerWindow& w, const TensorSource& dump) {
   if (w.first == 0) return;
-  for (int s = 0; s < dump.num_steps(); ++s)
+  const int steps = dump.num_steps();
+  for (int s = 0; s < steps; ++s)
     if (!dump.has(w.boundary_name(s)))
       throw MissingTensorError(dump.label() + " (a shard of layers " + w.str() + " starts from the residual stream "
                                "entering layer " + std::to_string(w.first) + ")",
