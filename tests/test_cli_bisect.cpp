@@ -1332,6 +1332,25 @@ TEST_P(BisectClean, TheCleanRunsLocalNoiseIsMadeOnlyWhereAVerdictNeedsIt) {
   }
 }
 
+// An impl candidate with `bug`, the reference at float32, both recomputed in
+// float64 from their own inputs, and the candidate's local verdicts.
+struct JudgedCandidate {
+  std::unique_ptr<MemoryDump> cand, ref;
+  std::unique_ptr<compare::Recomputed> ref_local, cand_local;
+  compare::LocalReport clean;
+};
+
+JudgedCandidate judged_candidate(const bisect::ModelOracles& m, const Scenario& sc, const std::string& bug) {
+  JudgedCandidate j;
+  j.cand = impl_candidate(m, sc, {bug});
+  const std::vector<std::string> names = j.cand->names();
+  j.ref = m.reference.run(sc, ComputeDType::Float32, names);
+  j.ref_local = m.oracle.recompute(compare::SubsetSource(*j.ref, names), ComputeDType::Float64);
+  j.cand_local = m.oracle.recompute(*j.cand, ComputeDType::Float64);
+  j.clean = compare::judge_local(*j.cand, *j.cand_local, j.ref.get(), j.ref_local.get(), ComputeDType::Float32);
+  return j;
+}
+
 // Under a hypothesis, the candidate's sites are recomputed only where the
 // hypothesis changes them (found on the first layer of each kind): for every
 // bug of the zoo that acts on the model, the report is the one a recompute
@@ -1340,23 +1359,16 @@ TEST_P(BisectClean, AHypothesisIsRecomputedOnlyWhereItCanChangeASite) {
   const std::string model = GetParam();
   const bisect::ModelOracles& m = oracles(model);
   const Scenario sc = golden_scenario(model);
-  const std::string bug = rope_bug(m.model.config);
-  std::unique_ptr<MemoryDump> cand = impl_candidate(m, sc, {bug});
-  const std::vector<std::string> names = cand->names();
-  std::unique_ptr<MemoryDump> ref = m.reference.run(sc, ComputeDType::Float32, names);
-  auto ref_local = m.oracle.recompute(compare::SubsetSource(*ref, names), ComputeDType::Float64);
-  auto cand_local = m.oracle.recompute(*cand, ComputeDType::Float64);
-  const compare::LocalReport clean =
-      compare::judge_local(*cand, *cand_local, ref.get(), ref_local.get(), ComputeDType::Float32);
-  ASSERT_GT(clean.failing(), 0u);
+  const JudgedCandidate j = judged_candidate(m, sc, rope_bug(m.model.config));
+  ASSERT_GT(j.clean.failing(), 0u);
   std::set<std::string> tried;
   for (const compare::Hypothesis& h : m.hypotheses.hypotheses()) {
     if (!m.hypotheses.acts_in(h.bug, sc) || !m.oracle.supports(h) || !tried.insert(h.bug).second) continue;
     SCOPED_TRACE(h.str());
     const compare::LocalReport full =
-        compare::analyse_local(m.oracle, *cand, ref.get(), ComputeDType::Float32, {}, &h, ref_local.get());
-    const compare::LocalReport part = compare::analyse_local_variant(m.oracle, *cand, *cand_local, clean, ref.get(),
-                                                                      ComputeDType::Float32, {}, h, ref_local.get());
+        compare::analyse_local(m.oracle, *j.cand, j.ref.get(), ComputeDType::Float32, {}, &h, j.ref_local.get());
+    const compare::LocalReport part = compare::analyse_local_variant(
+        m.oracle, *j.cand, *j.cand_local, j.clean, j.ref.get(), ComputeDType::Float32, {}, h, j.ref_local.get());
     ASSERT_EQ(full.sites.size(), part.sites.size());
     EXPECT_EQ(full.first_failure, part.first_failure);
     EXPECT_EQ(full.hypothesis, part.hypothesis);
@@ -1380,25 +1392,19 @@ TEST_P(BisectClean, TheScreenAtFloat32KeepsWhatTheFloat64ScreenKeeps) {
   const Scenario sc = golden_scenario(model);
   size_t screened = 0, kept = 0;
   for (const std::string bug : {"mask-square", "kv-overwrite", "last-token-first", "lm-head"}) {
-    if (!zoo::bug_inapplicable_reason(zoo::parse_bug(bug).bug, m.model.config).empty() || !m.hypotheses.acts_in(bug, sc))
-      continue;
+    const bool applies = zoo::bug_inapplicable_reason(zoo::parse_bug(bug).bug, m.model.config).empty();
+    if (!applies || !m.hypotheses.acts_in(bug, sc)) continue;
     SCOPED_TRACE(bug);
-    std::unique_ptr<MemoryDump> cand = impl_candidate(m, sc, {bug});
-    const std::vector<std::string> names = cand->names();
-    std::unique_ptr<MemoryDump> ref = m.reference.run(sc, ComputeDType::Float32, names);
-    auto ref_local = m.oracle.recompute(compare::SubsetSource(*ref, names), ComputeDType::Float64);
-    auto cand_local = m.oracle.recompute(*cand, ComputeDType::Float64);
-    const compare::LocalReport clean =
-        compare::judge_local(*cand, *cand_local, ref.get(), ref_local.get(), ComputeDType::Float32);
-    ASSERT_TRUE(clean.first_failure.has_value());
-    const std::string first = clean.sites[*clean.first_failure].name;
+    const JudgedCandidate j = judged_candidate(m, sc, bug);
+    ASSERT_TRUE(j.clean.first_failure.has_value());
+    const std::string first = j.clean.sites[*j.clean.first_failure].name;
     const std::vector<std::string> focus = {first};
-    auto clean32 = m.oracle.recompute(*cand, ComputeDType::Float32, nullptr, &focus);
+    auto clean32 = m.oracle.recompute(*j.cand, ComputeDType::Float32, nullptr, &focus);
     for (const compare::Hypothesis& h : m.hypotheses.hypotheses()) {
       if (!m.oracle.supports(h)) continue;
       SCOPED_TRACE(h.str() + " at " + first);
-      const bool at64 = compare::op_unchanged_under(m.oracle, *cand, *cand_local, first, h);
-      const bool at32 = compare::op_unchanged_under(m.oracle, *cand, *clean32, first, h, ComputeDType::Float32);
+      const bool at64 = compare::op_unchanged_under(m.oracle, *j.cand, *j.cand_local, first, h);
+      const bool at32 = compare::op_unchanged_under(m.oracle, *j.cand, *clean32, first, h, ComputeDType::Float32);
       EXPECT_EQ(at64, at32);
       if (h.bug == bug) {
         EXPECT_FALSE(at32);

@@ -150,15 +150,31 @@ static bool natural_less(const std::string& a, const std::string& b) {
   return a < b;
 }
 
-bool NameOrder::operator()(const std::string& a, const std::string& b) const {
-  Key ka = order_key(a), kb = order_key(b);
+// Canonical order of two names given their keys.
+static bool key_less(const Key& ka, const std::string& a, const Key& kb, const std::string& b) {
   auto head = [](const Key& k) { return std::make_tuple(std::get<0>(k), std::get<1>(k), std::get<2>(k), std::get<3>(k), std::get<4>(k)); };
   if (head(ka) != head(kb)) return head(ka) < head(kb);
   if (std::get<5>(ka) != std::get<5>(kb)) return natural_less(std::get<5>(ka), std::get<5>(kb));
   return a < b;
 }
 
-void sort_canonical(std::vector<std::string>& names) { std::stable_sort(names.begin(), names.end(), NameOrder{}); }
+bool NameOrder::operator()(const std::string& a, const std::string& b) const {
+  return key_less(order_key(a), a, order_key(b), b);
+}
+
+// Each name parsed once (a comparison sort would parse it at every comparison).
+void sort_canonical(std::vector<std::string>& names) {
+  std::vector<std::pair<Key, size_t>> keyed;
+  keyed.reserve(names.size());
+  for (size_t i = 0; i < names.size(); ++i) keyed.emplace_back(order_key(names[i]), i);
+  std::stable_sort(keyed.begin(), keyed.end(), [&](const auto& x, const auto& y) {
+    return key_less(x.first, names[x.second], y.first, names[y.second]);
+  });
+  std::vector<std::string> sorted;
+  sorted.reserve(names.size());
+  for (const auto& k : keyed) sorted.push_back(std::move(names[k.second]));
+  names = std::move(sorted);
+}
 
 int site_rank(const std::string& site) {
   int r = index_of(step_sites_before_layers(), site);
