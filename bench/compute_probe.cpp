@@ -74,9 +74,6 @@ double GemmRate::best() const { return std::max({one, one_product, side_by_side}
 
 ComputeProbe measure_products(int64_t m, int64_t k, int64_t n, int threads) {
   ComputeProbe p;
-  p.m = m;
-  p.k = k;
-  p.n = n;
   p.threads = resolve_threads(threads);
   p.f32 = rates(at::kFloat, m, k, n, p.threads);
   p.f64 = rates(at::kDouble, m, k, n, p.threads);

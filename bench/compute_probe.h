@@ -1,10 +1,10 @@
 // The machine's matrix-product throughput as the bisection's passes meet it:
 // libtorch's float32 and float64 products (OpenBLAS) of the passes' shape,
 // on one thread, on every thread in one product, and as one product per
-// thread side by side (as the passes' lanes run, bisect/schedule.cpp). Two
-// logical cores that share one core's vector units give side by side what
-// one thread gives alone; the compute floor of a bisection follows from the
-// rate the lanes get.
+// thread side by side (as the passes' lanes run, bisect/schedule.cpp): side
+// by side is twice one thread where the cores multiply independently, and
+// no more than one thread where they share one core's vector units. The
+// compute floor of a bisection follows from the best of these rates.
 #pragma once
 #include <cstdint>
 
@@ -18,12 +18,12 @@ struct GemmRate {
 };
 
 struct ComputeProbe {
-  int64_t m = 0, k = 0, n = 0;  // [m, k] x [n, k]^T, as a projection of m rows
   int threads = 0;
   GemmRate f32, f64;
 };
 
-// Each figure the best of three timed passes of at least 0.2 s. Run it in a
+// Products [m, k] x [n, k]^T, as a projection of m rows. Each figure the
+// best of three timed passes of at least 0.2 s. Run it in a
 // process of its own (it sets the BLAS's and libtorch's threads).
 ComputeProbe measure_products(int64_t m, int64_t k, int64_t n, int threads);
 
