@@ -37,13 +37,17 @@ inline v16f load16(const float* p) {
 }
 inline void store16(float* p, v16f v) { std::memcpy(p, &v, sizeof v); }
 
-// Sum of the 16 lanes in a fixed tree order (i + 8, i + 4, i + 2, i + 1).
+typedef float v4f __attribute__((vector_size(16)));
+typedef float v2f __attribute__((vector_size(8)));
+
+// Sum of the 16 lanes in a fixed tree order (i + 8, i + 4, i + 2, i + 1),
+// made in registers, halving the vector at each step.
 inline float hsum(v16f v) {
-  float t[kLanes];
-  std::memcpy(t, &v, sizeof t);
-  for (int w = kLanes / 2; w >= 1; w /= 2)
-    for (int i = 0; i < w; ++i) t[i] += t[i + w];
-  return t[0];
+  const v8f h8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                 __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const v4f h4 = __builtin_shufflevector(h8, h8, 0, 1, 2, 3) + __builtin_shufflevector(h8, h8, 4, 5, 6, 7);
+  const v2f h2 = __builtin_shufflevector(h4, h4, 0, 1) + __builtin_shufflevector(h4, h4, 2, 3);
+  return h2[0] + h2[1];
 }
 
 // ------------------------------------------------------- stored dtypes
@@ -165,50 +169,78 @@ void with_weight(const WMat& m, F&& f) {
 }
 
 // ------------------------------------------------------------- GEMV
-// y[r] = W[r, :] · x, one row after the other: W is read as one sequential
-// stream per worker, which is what the hardware prefetchers serve best. Two
-// 16-lane accumulators per row (float16: four, as each step waits on a
-// conversion as well as on the multiply-add), summed pairwise, the fixed tree
-// sum, then a scalar tail.
+// y[r] = W[r, :] · x. A worker reads NS rows at once, each a sequential
+// stream of its own: one core keeps more reads in flight over a few streams
+// than over one (the hardware prefetchers follow each), and each stream asks
+// kPrefetchBytes ahead of its loads. Every row keeps its own accumulators, so
+// its sum does not depend on NS: two 16-lane chains per row (float16: four,
+// as each step waits on a conversion as well as on the multiply-add), summed
+// pairwise, the fixed tree sum, then a scalar tail.
+constexpr int kGemvStreams = 4;
+constexpr int kPrefetchBytes = 1024;
+
+inline void prefetch_ahead(const void* p) {
+  __builtin_prefetch(static_cast<const char*>(p) + kPrefetchBytes, 0, 0);
+}
+
 template <class W>
 constexpr int kGemvChains = std::is_same<W, F16W>::value ? 4 : 2;
 
-template <class W>
-inline float gemv_row(const typename W::T* w, int64_t K, const float* x) {
+// y[s] = w[s] · x for NS rows w[s] of K stored values.
+template <class W, int NS>
+inline void gemv_streams(const typename W::T* const* w, int64_t K, const float* x, float* const* y) {
   constexpr int NA = kGemvChains<W>;
-  v16f a[NA];
-  for (int i = 0; i < NA; ++i) a[i] = v16f{};
+  v16f a[NS][NA];
+  for (int s = 0; s < NS; ++s)
+    for (int i = 0; i < NA; ++i) a[s][i] = v16f{};
   int64_t k = 0;
   for (; k + NA * kLanes <= K; k += NA * kLanes)
-    for (int i = 0; i < NA; ++i) a[i] += W::vec(w + k + i * kLanes) * load16(x + k + i * kLanes);
-  for (; k + kLanes <= K; k += kLanes) a[0] += W::vec(w + k) * load16(x + k);
-  for (int n = NA / 2; n >= 1; n /= 2)  // pairwise: (a0 + a1) + (a2 + a3)
-    for (int i = 0; i < n; ++i) a[i] = a[2 * i] + a[2 * i + 1];
-  float s = hsum(a[0]);
-  for (; k < K; ++k) s += W::one(w[k]) * x[k];
-  return s;
+    for (int s = 0; s < NS; ++s)
+      for (int i = 0; i < NA; ++i) {
+        prefetch_ahead(w[s] + k + i * kLanes);
+        a[s][i] += W::vec(w[s] + k + i * kLanes) * load16(x + k + i * kLanes);
+      }
+  const int64_t k_vec = k;
+  for (int s = 0; s < NS; ++s) {
+    k = k_vec;
+    for (; k + kLanes <= K; k += kLanes) a[s][0] += W::vec(w[s] + k) * load16(x + k);
+    for (int n = NA / 2; n >= 1; n /= 2)  // pairwise: (a0 + a1) + (a2 + a3)
+      for (int i = 0; i < n; ++i) a[s][i] = a[s][2 * i] + a[s][2 * i + 1];
+    float sum = hsum(a[s][0]);
+    for (; k < K; ++k) sum += W::one(w[s][k]) * x[k];
+    *y[s] = sum;
+  }
 }
 
 // bfloat16 rows, 32 values per step: one 64-byte load holds 16 (even, odd)
 // pairs; `<< 16` widens the even values, masking the low half the odd ones,
 // which meet x split the same way (xe = x[0::2], xo = x[1::2]).
-inline float gemv_row_bf16(const uint16_t* w, int64_t K, const float* x, const float* xe, const float* xo) {
-  v16f ae = v16f{}, ao = v16f{};
+template <int NS>
+inline void gemv_streams_bf16(const uint16_t* const* w, int64_t K, const float* x, const float* xe, const float* xo,
+                              float* const* y) {
+  v16f ae[NS], ao[NS];
+  for (int s = 0; s < NS; ++s) ae[s] = ao[s] = v16f{};
   int64_t k = 0;
   for (; k + 2 * kLanes <= K; k += 2 * kLanes) {
-    v16u pairs;
-    std::memcpy(&pairs, w + k, sizeof pairs);
-    ae += (v16f)(pairs << 16) * load16(xe + k / 2);
-    ao += (v16f)(pairs & 0xffff0000u) * load16(xo + k / 2);
+    const v16f e = load16(xe + k / 2), o = load16(xo + k / 2);
+    for (int s = 0; s < NS; ++s) {
+      v16u pairs;
+      prefetch_ahead(w[s] + k);
+      std::memcpy(&pairs, w[s] + k, sizeof pairs);
+      ae[s] += (v16f)(pairs << 16) * e;
+      ao[s] += (v16f)(pairs & 0xffff0000u) * o;
+    }
   }
-  float s = hsum(ae + ao);
-  for (; k < K; ++k) s += bf16_to_f32(w[k]) * x[k];
-  return s;
+  for (int s = 0; s < NS; ++s) {
+    float sum = hsum(ae[s] + ao[s]);
+    for (int64_t j = k; j < K; ++j) sum += bf16_to_f32(w[s][j]) * x[j];
+    *y[s] = sum;
+  }
 }
 
 // The same for NT tokens at once: each 64-byte load of W is widened once and
 // meets every token's x; token t keeps its own two accumulators, so its sum
-// is made exactly as gemv_row_bf16 makes it. xi: the tokens' x interleaved
+// is made exactly as gemv_streams_bf16 makes it. xi: the tokens' x interleaved
 // per 32 values (interleave_tokens), so that every load is at a fixed offset.
 template <int NT>
 void gemv_row_bf16_tokens(const uint16_t* w, int64_t K, const float* x, const float* xi, int64_t r, float* y,
@@ -218,6 +250,7 @@ void gemv_row_bf16_tokens(const uint16_t* w, int64_t K, const float* x, const fl
   int64_t k = 0;
   for (; k + 2 * kLanes <= K; k += 2 * kLanes, xi += NT * 2 * kLanes) {
     v16u pairs;
+    prefetch_ahead(w + k);
     std::memcpy(&pairs, w + k, sizeof pairs);
     const v16f even = (v16f)(pairs << 16), odd = (v16f)(pairs & 0xffff0000u);
     for (int t = 0; t < NT; ++t) {
@@ -251,20 +284,35 @@ void gemv_rows_bf16_batch(const WMat& m, const float* x, const float* xi, int64_
   for (int64_t r = r0; r < r1; ++r) gemv_row_bf16_tokens<NT>(row_start<uint16_t>(m, r), m.cols, x, xi, r, y, m.rows);
 }
 
-// Rows [r0, r1) of y = W · x. xe/xo: x split into even and odd elements
-// (used by bfloat16 weights).
+// Rows [r0, r1) of y = W · x: rows r, r + q, r + 2q, ... (q a kGemvStreams-th
+// of the range) at once, then the rows left over one by one. xe/xo: x split
+// into even and odd elements (used by bfloat16 weights).
 template <class W>
 void gemv_rows(const WMat& m, const float* x, const float* xe, const float* xo, int64_t r0, int64_t r1, float* y) {
   const int64_t K = m.cols;
-  thread_local std::vector<float> row;
-  for (int64_t r = r0; r < r1; ++r) {
-    if constexpr (std::is_same<W, QuantW>::value) {
-      row.resize(size_t(K));
-      y[r] = gemv_row<F32W>(dequantized_row(m, r, row.data()), K, x);
-    } else if constexpr (std::is_same<W, BF16W>::value)
-      y[r] = gemv_row_bf16(row_start<uint16_t>(m, r), K, x, xe, xo);
-    else
-      y[r] = gemv_row<W>(row_start<typename W::T>(m, r), K, x);
+  if constexpr (std::is_same<W, QuantW>::value) {
+    thread_local std::vector<float> row;
+    row.resize(size_t(K));
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* w = dequantized_row(m, r, row.data());
+      float* yr = y + r;
+      gemv_streams<F32W, 1>(&w, K, x, &yr);
+    }
+  } else {
+    using T = typename W::T;
+    auto rows = [&](auto ns, int64_t first, int64_t stride) {
+      constexpr int NS = decltype(ns)::value;
+      const T* w[NS];
+      float* yr[NS];
+      for (int s = 0; s < NS; ++s) w[s] = row_start<T>(m, first + s * stride), yr[s] = y + first + s * stride;
+      if constexpr (std::is_same<W, BF16W>::value)
+        gemv_streams_bf16<NS>(w, K, x, xe, xo, yr);
+      else
+        gemv_streams<W, NS>(w, K, x, yr);
+    };
+    const int64_t q = (r1 - r0) / kGemvStreams;
+    for (int64_t r = r0; r < r0 + q; ++r) rows(std::integral_constant<int, kGemvStreams>{}, r, q);
+    for (int64_t r = r0 + kGemvStreams * q; r < r1; ++r) rows(std::integral_constant<int, 1>{}, r, 0);
   }
 }
 

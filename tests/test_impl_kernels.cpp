@@ -149,6 +149,38 @@ TEST(ImplKernels, AFewTokensTogetherEqualEachTokenAloneBitForBit) {
   }
 }
 
+TEST(ImplKernels, AGemvRowIsSummedAloneWhicheverRowsAreReadBesideIt) {
+  // A worker reads several rows at once (impl/kernels.cpp, kGemvStreams):
+  // each row's y is the same bit for bit as when the row is read alone, or
+  // in a view that groups the rows differently.
+  ThreadPool pool(2);
+  MatmulScratch scratch;
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    for (int64_t K : {64, 75, 200}) {
+      const int64_t N = 301;
+      const Weights w = random_weights(dt, N, K, uint32_t(K + 7));
+      std::vector<float> x(static_cast<size_t>(K));
+      std::mt19937 gen(9);
+      std::normal_distribution<float> nd;
+      for (float& v : x) v = nd(gen);
+      std::vector<float> y(static_cast<size_t>(N));
+      matmul(pool, scratch, x.data(), 1, w.mat, y.data());
+      for (int64_t r = 0; r < N; ++r) {
+        float alone = 0;
+        matmul(pool, scratch, x.data(), 1, row_view(w.mat, r, 1), &alone);
+        ASSERT_EQ(0, std::memcmp(&alone, &y[size_t(r)], 4)) << dtype_name(dt) << " K=" << K << " row " << r;
+      }
+      for (int64_t r0 : {1, 3, 66}) {
+        const int64_t n = N - r0 - 5;
+        std::vector<float> part(static_cast<size_t>(n));
+        matmul(pool, scratch, x.data(), 1, row_view(w.mat, r0, n), part.data());
+        EXPECT_EQ(0, std::memcmp(part.data(), y.data() + r0, size_t(n) * 4))
+            << dtype_name(dt) << " K=" << K << " rows from " << r0;
+      }
+    }
+  }
+}
+
 TEST(ImplKernels, SeveralWeightsOnOneInputEqualSeparateMatmuls) {
   ThreadPool pool(2);
   MatmulScratch scratch;
