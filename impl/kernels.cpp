@@ -250,7 +250,6 @@ void gemv_row_bf16_tokens(const uint16_t* w, int64_t K, const float* x, const fl
   int64_t k = 0;
   for (; k + 2 * kLanes <= K; k += 2 * kLanes, xi += NT * 2 * kLanes) {
     v16u pairs;
-    prefetch_ahead(w + k);
     std::memcpy(&pairs, w + k, sizeof pairs);
     const v16f even = (v16f)(pairs << 16), odd = (v16f)(pairs & 0xffff0000u);
     for (int t = 0; t < NT; ++t) {
