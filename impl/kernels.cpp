@@ -238,33 +238,43 @@ inline void gemv_streams_bf16(const uint16_t* const* w, int64_t K, const float* 
   }
 }
 
-// The same for NT tokens at once: each 64-byte load of W is widened once and
-// meets every token's x; token t keeps its own two accumulators, so its sum
-// is made exactly as gemv_streams_bf16 makes it. xi: the tokens' x interleaved
-// per 32 values (interleave_tokens), so that every load is at a fixed offset.
-template <int NT>
-void gemv_row_bf16_tokens(const uint16_t* w, int64_t K, const float* x, const float* xi, int64_t r, float* y,
-                          int64_t ldy) {
-  v16f ae[NT], ao[NT];
-  for (int t = 0; t < NT; ++t) ae[t] = ao[t] = v16f{};
+// The same for NT tokens and NR rows at once: each 64-byte load of W is
+// widened once and meets every token's x, and each load of a token's x
+// meets every row; token t of row s keeps its own two accumulators, so its
+// sum is made exactly as gemv_streams_bf16 makes it. xi: the tokens' x
+// interleaved per 32 values (interleave_tokens), so that every load is at a
+// fixed offset.
+template <int NT, int NR>
+void gemv_rows_bf16_tokens(const uint16_t* const* w, const int64_t* r, int64_t K, const float* x, const float* xi,
+                           float* y, int64_t ldy) {
+  v16f ae[NR][NT], ao[NR][NT];
+  for (int s = 0; s < NR; ++s)
+    for (int t = 0; t < NT; ++t) ae[s][t] = ao[s][t] = v16f{};
   int64_t k = 0;
   for (; k + 2 * kLanes <= K; k += 2 * kLanes, xi += NT * 2 * kLanes) {
-    v16u pairs;
-    std::memcpy(&pairs, w + k, sizeof pairs);
-    const v16f even = (v16f)(pairs << 16), odd = (v16f)(pairs & 0xffff0000u);
+    v16f even[NR], odd[NR];
+    for (int s = 0; s < NR; ++s) {
+      v16u pairs;
+      std::memcpy(&pairs, w[s] + k, sizeof pairs);
+      even[s] = (v16f)(pairs << 16), odd[s] = (v16f)(pairs & 0xffff0000u);
+    }
     for (int t = 0; t < NT; ++t) {
-      ae[t] += even * load16(xi + t * 2 * kLanes);
-      ao[t] += odd * load16(xi + t * 2 * kLanes + kLanes);
+      const v16f xe = load16(xi + t * 2 * kLanes), xo = load16(xi + t * 2 * kLanes + kLanes);
+      for (int s = 0; s < NR; ++s) {
+        ae[s][t] += even[s] * xe;
+        ao[s][t] += odd[s] * xo;
+      }
     }
   }
-  for (int t = 0; t < NT; ++t) {
-    float s = hsum(ae[t] + ao[t]);
-    for (int64_t j = k; j < K; ++j) s += bf16_to_f32(w[j]) * x[t * K + j];
-    y[t * ldy + r] = s;
-  }
+  for (int s = 0; s < NR; ++s)
+    for (int t = 0; t < NT; ++t) {
+      float sum = hsum(ae[s][t] + ao[s][t]);
+      for (int64_t j = k; j < K; ++j) sum += bf16_to_f32(w[s][j]) * x[t * K + j];
+      y[t * ldy + r[s]] = sum;
+    }
 }
 
-// x [T, K] as gemv_row_bf16_tokens reads it: for each 32 values of K, token
+// x [T, K] as gemv_rows_bf16_tokens reads it: for each 32 values of K, token
 // after token, its 16 even then its 16 odd values.
 void interleave_tokens(const float* x, int64_t T, int64_t K, std::vector<float>& xi) {
   const int64_t chunks = K / (2 * kLanes);
@@ -278,9 +288,27 @@ void interleave_tokens(const float* x, int64_t T, int64_t K, std::vector<float>&
 }
 
 // Rows [r0, r1) of y[t] = W · x[t] for NT bfloat16 tokens.
+// Rows [r0, r1) of y[t] = W · x[t] for NT bfloat16 tokens, kBatchRows<NT>
+// rows at once (rows r, r + q, ... as gemv_rows reads them), as many as keep
+// the 2 x NT x rows accumulators in the 32 vector registers: each load of a
+// token's x then meets several rows, where one row at a time read all of x
+// (tens of KiB) for every 4 KiB row of W.
+template <int NT>
+constexpr int kBatchRows = NT <= 2 ? 4 : NT <= 4 ? 2 : 1;
+
 template <int NT>
 void gemv_rows_bf16_batch(const WMat& m, const float* x, const float* xi, int64_t r0, int64_t r1, float* y) {
-  for (int64_t r = r0; r < r1; ++r) gemv_row_bf16_tokens<NT>(row_start<uint16_t>(m, r), m.cols, x, xi, r, y, m.rows);
+  auto rows = [&](auto nr, int64_t first, int64_t stride) {
+    constexpr int NR = decltype(nr)::value;
+    const uint16_t* w[NR];
+    int64_t r[NR];
+    for (int s = 0; s < NR; ++s) r[s] = first + s * stride, w[s] = row_start<uint16_t>(m, r[s]);
+    gemv_rows_bf16_tokens<NT, NR>(w, r, m.cols, x, xi, y, m.rows);
+  };
+  constexpr int NR = kBatchRows<NT>;
+  const int64_t q = (r1 - r0) / NR;
+  for (int64_t r = r0; r < r0 + q; ++r) rows(std::integral_constant<int, NR>{}, r, q);
+  for (int64_t r = r0 + NR * q; r < r1; ++r) rows(std::integral_constant<int, 1>{}, r, 0);
 }
 
 // Rows [r0, r1) of y = W · x: rows r, r + q, r + 2q, ... (q a kGemvStreams-th
