@@ -44,6 +44,15 @@ Weights random_weights(DType dt, int64_t rows, int64_t cols, uint32_t seed) {
   return w;
 }
 
+// n values drawn from N(0, 1) with `seed`.
+std::vector<float> random_vector(int64_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> nd;
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = nd(gen);
+  return v;
+}
+
 TEST(ImplKernels, MatmulMatchesFloat64ForEveryDtypeAndShape) {
   ThreadPool pool(2);
   MatmulScratch scratch;
@@ -54,10 +63,8 @@ TEST(ImplKernels, MatmulMatchesFloat64ForEveryDtypeAndShape) {
           SCOPED_TRACE(std::string(dtype_name(dt)) + " T=" + std::to_string(T) + " N=" + std::to_string(N) +
                        " K=" + std::to_string(K));
           const Weights w = random_weights(dt, N, K, uint32_t(T * 1000 + N * 10 + K));
-          std::mt19937 gen(7);
-          std::normal_distribution<float> nd;
-          std::vector<float> x(size_t(T * K)), y(size_t(T * N), -1.0f);
-          for (float& v : x) v = nd(gen);
+          const std::vector<float> x = random_vector(T * K, 7);
+          std::vector<float> y(size_t(T * N), -1.0f);
           matmul(pool, scratch, x.data(), T, w.mat, y.data());
           for (int64_t t = 0; t < T; ++t)
             for (int64_t o = 0; o < N; ++o) {
@@ -110,10 +117,7 @@ TEST(ImplKernels, MatmulIsBitIdenticalForAnyThreadCount) {
     for (int64_t T : {1, 5, 40}) {
       const int64_t N = 301, K = 200;
       const Weights w = random_weights(dt, N, K, 99);
-      std::vector<float> x(size_t(T * K));
-      std::mt19937 gen(3);
-      std::normal_distribution<float> nd;
-      for (float& v : x) v = nd(gen);
+      const std::vector<float> x = random_vector(T * K, 3);
       std::vector<float> y1(size_t(T * N)), y2(y1.size()), y3(y1.size());
       matmul(p1, s1, x.data(), T, w.mat, y1.data());
       matmul(p2, s2, x.data(), T, w.mat, y2.data());
@@ -133,10 +137,7 @@ TEST(ImplKernels, AFewTokensTogetherEqualEachTokenAloneBitForBit) {
       const int64_t N = 37;
       const Weights w = random_weights(dt, N, K, uint32_t(K));
       for (int64_t T = 2; T <= 8; ++T) {
-        std::vector<float> x(size_t(T * K));
-        std::mt19937 gen{uint32_t(T)};
-        std::normal_distribution<float> nd;
-        for (float& v : x) v = nd(gen);
+        const std::vector<float> x = random_vector(T * K, uint32_t(T));
         std::vector<float> y(size_t(T * N)), one(static_cast<size_t>(N));
         matmul(pool, scratch, x.data(), T, w.mat, y.data());
         for (int64_t t = 0; t < T; ++t) {
@@ -159,10 +160,7 @@ TEST(ImplKernels, AGemvRowIsSummedAloneWhicheverRowsAreReadBesideIt) {
     for (int64_t K : {64, 75, 200}) {
       const int64_t N = 301;
       const Weights w = random_weights(dt, N, K, uint32_t(K + 7));
-      std::vector<float> x(static_cast<size_t>(K));
-      std::mt19937 gen(9);
-      std::normal_distribution<float> nd;
-      for (float& v : x) v = nd(gen);
+      const std::vector<float> x = random_vector(K, 9);
       std::vector<float> y(static_cast<size_t>(N));
       matmul(pool, scratch, x.data(), 1, w.mat, y.data());
       for (int64_t r = 0; r < N; ++r) {
@@ -188,10 +186,7 @@ TEST(ImplKernels, SeveralWeightsOnOneInputEqualSeparateMatmuls) {
   const Weights a = random_weights(DType::BF16, 25, K, 1), b = random_weights(DType::F32, 7, K, 2),
                 c = random_weights(DType::F16, 40, K, 3);
   for (int64_t T : {1, 9, 33}) {
-    std::vector<float> x(size_t(T * K));
-    std::mt19937 gen(5);
-    std::normal_distribution<float> nd;
-    for (float& v : x) v = nd(gen);
+    const std::vector<float> x = random_vector(T * K, 5);
     std::vector<float> ya(size_t(T * 25)), yb(size_t(T * 7)), yc(size_t(T * 40));
     matmul(pool, scratch, x.data(), T, {{a.mat, ya.data()}, {b.mat, yb.data()}, {c.mat, yc.data()}});
     std::vector<float> ra(ya.size()), rb(yb.size()), rc(yc.size());
