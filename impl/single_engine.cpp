@@ -155,11 +155,17 @@ void ImplEngine::resume(const TensorSource& dump, int step) {
     if (t.is_int) throw ShapeError(dump.label(), name, "float values", "integers");
     return t;
   };
+  // Every cache holds the same S positions, within the capacity: checked at
+  // the first one, before anything is written.
   int64_t S = -1;
   auto check_rows = [&](const TensorData& t, int64_t rows, const std::string& what) {
     if (S < 0) S = rows;
     if (rows != S || rows <= 0)
       throw ShapeError(dump.label(), what, std::to_string(S) + " cached positions", shape_str(t.shape));
+    if (S > capacity_)
+      throw UsageError("impl: KV cache capacity exceeded resuming " + dump.label() + " at call " +
+                       std::to_string(step) + ": " + std::to_string(S) + " cached positions > capacity " +
+                       std::to_string(capacity_));
   };
   for (int layer = 0; layer < int(c.num_hidden_layers); ++layer) {
     for (KvStream stream : {KvStream::Key, KvStream::Value}) {
@@ -199,10 +205,6 @@ void ImplEngine::resume(const TensorSource& dump, int step) {
       store_.write(layer, KvStream::Latent, a, r.data());
     }
   }
-  if (S > capacity_)
-    throw UsageError("impl: KV cache capacity exceeded resuming " + dump.label() + " at call " +
-                     std::to_string(step) + ": " + std::to_string(S) + " cached positions > capacity " +
-                     std::to_string(capacity_));
   cached_ = S;
 }
 

@@ -190,6 +190,23 @@ TEST(ImplGolden, ResumedFromADumpsCachesContinuesAsTheWholeRun) {
       ++later;
     }
     EXPECT_GT(later, 0u);
+    // Caches longer than the engine's capacity: a UsageError naming both,
+    // and the engine starts again from nothing.
+    impl::ImplOptions small;
+    small.max_seq = int64_t(whole_sc.steps[0].size()) - 1;  // call 0 cached its prompt
+    auto short_engine = impl::make_impl_engine(model, small);
+    try {
+      short_engine->resume(whole, 1);
+      ADD_FAILURE() << "resumed caches longer than the capacity " << small.max_seq;
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("capacity " + std::to_string(small.max_seq)), std::string::npos)
+          << e.what();
+    }
+    MemoryDump again("again");
+    Scenario first = whole_sc;
+    first.steps.resize(1);
+    first.steps[0].resize(size_t(small.max_seq));
+    EXPECT_NO_THROW(run_scenario(*short_engine, first, again));
     // On HF's own caches: the later calls as HF computed them.
     Scenario on_hf = whole_sc;
     on_hf.resume = {1, &hf};
