@@ -19,8 +19,9 @@ struct BandwidthResult {
   int threads = 0;
 };
 // Streams over a buffer of `bytes` (>> last-level cache), summing it with
-// `threads` threads each reading its own contiguous slice; best of `repeats`
-// passes after one warm-up pass that also faults the pages in.
+// `threads` threads each reading its own contiguous slice as four streams at
+// once (as the impl's GEMV reads its rows); best of `repeats` passes after
+// one warm-up pass that also faults the pages in.
 BandwidthResult measure_read_bandwidth(int threads, size_t bytes, int repeats);
 
 // The CPU as /proc/cpuinfo names it, with its family and model numbers
