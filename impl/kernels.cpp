@@ -287,9 +287,19 @@ void interleave_tokens(const float* x, int64_t T, int64_t K, std::vector<float>&
     }
 }
 
-// Rows [r0, r1) of y[t] = W · x[t] for NT bfloat16 tokens.
+// Calls read(n, first, stride) over rows [r0, r1) in groups of N rows read
+// at once: rows r, r + q, ..., r + (N - 1) q for r in [r0, r0 + q), q being
+// an N-th of the range, then the rows left over one by one (n: the group's
+// size as a std::integral_constant).
+template <int N, class Read>
+void in_row_groups(int64_t r0, int64_t r1, Read&& read) {
+  const int64_t q = (r1 - r0) / N;
+  for (int64_t r = r0; r < r0 + q; ++r) read(std::integral_constant<int, N>{}, r, q);
+  for (int64_t r = r0 + N * q; r < r1; ++r) read(std::integral_constant<int, 1>{}, r, int64_t(0));
+}
+
 // Rows [r0, r1) of y[t] = W · x[t] for NT bfloat16 tokens, kBatchRows<NT>
-// rows at once (rows r, r + q, ... as gemv_rows reads them), as many as keep
+// rows at once (in_row_groups, as gemv_rows reads them), as many as keep
 // the 2 x NT x rows accumulators in the 32 vector registers: each load of a
 // token's x then meets several rows, where one row at a time read all of x
 // (tens of KiB) for every 4 KiB row of W.
@@ -305,15 +315,11 @@ void gemv_rows_bf16_batch(const WMat& m, const float* x, const float* xi, int64_
     for (int s = 0; s < NR; ++s) r[s] = first + s * stride, w[s] = row_start<uint16_t>(m, r[s]);
     gemv_rows_bf16_tokens<NT, NR>(w, r, m.cols, x, xi, y, m.rows);
   };
-  constexpr int NR = kBatchRows<NT>;
-  const int64_t q = (r1 - r0) / NR;
-  for (int64_t r = r0; r < r0 + q; ++r) rows(std::integral_constant<int, NR>{}, r, q);
-  for (int64_t r = r0 + NR * q; r < r1; ++r) rows(std::integral_constant<int, 1>{}, r, 0);
+  in_row_groups<kBatchRows<NT>>(r0, r1, rows);
 }
 
-// Rows [r0, r1) of y = W · x: rows r, r + q, r + 2q, ... (q a kGemvStreams-th
-// of the range) at once, then the rows left over one by one. xe/xo: x split
-// into even and odd elements (used by bfloat16 weights).
+// Rows [r0, r1) of y = W · x, kGemvStreams rows at once (in_row_groups).
+// xe/xo: x split into even and odd elements (used by bfloat16 weights).
 template <class W>
 void gemv_rows(const WMat& m, const float* x, const float* xe, const float* xo, int64_t r0, int64_t r1, float* y) {
   const int64_t K = m.cols;
@@ -337,9 +343,7 @@ void gemv_rows(const WMat& m, const float* x, const float* xe, const float* xo, 
       else
         gemv_streams<W, NS>(w, K, x, yr);
     };
-    const int64_t q = (r1 - r0) / kGemvStreams;
-    for (int64_t r = r0; r < r0 + q; ++r) rows(std::integral_constant<int, kGemvStreams>{}, r, q);
-    for (int64_t r = r0 + kGemvStreams * q; r < r1; ++r) rows(std::integral_constant<int, 1>{}, r, 0);
+    in_row_groups<kGemvStreams>(r0, r1, rows);
   }
 }
 
