@@ -18,21 +18,21 @@
 #include <thread>
 
 #include "dumps/base/errors.h"
+#include "impl/kernels.h"
 
 namespace llmdiff::bench {
 
 namespace {
 
 // Sum of n words read as kStreams sequential streams at once (the n words
-// cut in kStreams parts), each asking kPrefetchBytes ahead of its loads: as
-// the impl's GEMV reads its rows (impl/kernels.cpp), since one core keeps
-// more reads in flight over a few streams than over one; a single stream
+// cut in kStreams parts), each asking kPrefetchBytes ahead of its loads, as
+// the impl's GEMV reads its rows (impl/kernels.h): a single stream
 // understates what the cores can read. Eight independent accumulators per
 // stream (vectorised by the compiler; the loop is bound by memory bandwidth,
 // not by the adds).
 uint64_t sum_words(const uint64_t* p, size_t n) {
-  constexpr int kStreams = 4;
-  constexpr size_t kPrefetchBytes = 1024;
+  constexpr int kStreams = impl::kGemvStreams;
+  constexpr size_t kPrefetchBytes = impl::kPrefetchBytes;
   const size_t part = n / kStreams / 8 * 8;
   uint64_t a[kStreams][8] = {};
   for (size_t i = 0; i < part; i += 8)

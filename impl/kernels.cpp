@@ -176,9 +176,6 @@ void with_weight(const WMat& m, F&& f) {
 // its sum does not depend on NS: two 16-lane chains per row (float16: four,
 // as each step waits on a conversion as well as on the multiply-add), summed
 // pairwise, the fixed tree sum, then a scalar tail.
-constexpr int kGemvStreams = 4;
-constexpr int kPrefetchBytes = 1024;
-
 inline void prefetch_ahead(const void* p) {
   __builtin_prefetch(static_cast<const char*>(p) + kPrefetchBytes, 0, 0);
 }

@@ -16,6 +16,13 @@
 
 namespace llmdiff::impl {
 
+// How a GEMV reads its weights: kGemvStreams rows at once, each a
+// sequential stream asking kPrefetchBytes ahead of its loads (one core keeps
+// more reads in flight over a few streams than over one). `bench`'s
+// bandwidth probe reads memory the same way.
+constexpr int kGemvStreams = 4;
+constexpr int kPrefetchBytes = 1024;
+
 // A row-major matrix [rows, cols] in its stored dtype (typically a view into
 // the checkpoint's mmap).
 struct WMat {
