@@ -199,8 +199,9 @@ TEST(ImplGolden, ResumedFromADumpsCachesContinuesAsTheWholeRun) {
       short_engine->resume(whole, 1);
       ADD_FAILURE() << "resumed caches longer than the capacity " << small.max_seq;
     } catch (const UsageError& e) {
-      EXPECT_NE(std::string(e.what()).find("capacity " + std::to_string(small.max_seq)), std::string::npos)
-          << e.what();
+      const std::string what = e.what();
+      EXPECT_NE(what.find(std::to_string(small.max_seq + 1) + " cached positions"), std::string::npos) << what;
+      EXPECT_NE(what.find("capacity " + std::to_string(small.max_seq)), std::string::npos) << what;
     }
     MemoryDump again("again");
     Scenario first = whole_sc;
