@@ -5,8 +5,8 @@
 #include "compare/sampling_check.h"
 #include "dumps/contract/padding.h"
 #include "dumps/contract/consistency.h"
+#include "dumps/base/memory.h"
 
-#include <malloc.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -415,7 +415,7 @@ compare::BisectResult bisect_candidate(const ModelOracles& m, const TensorSource
   // threshold (cli/main.cpp), which glibc would otherwise keep.
   check_dump_against_model(cand, m.model.config);  // another model, tokens outside the vocabulary, ...
   opt.progress = [report = std::move(opt.progress)](const std::string& what) {
-    malloc_trim(0);
+    release_free_heap();
     if (report) report(what);
   };
   // The candidate's declared roundings: the clean run and the hypothesis

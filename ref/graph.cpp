@@ -7,9 +7,8 @@
 // block, the decoder layer).
 #include "ref/graph.h"
 
+#include "dumps/base/memory.h"
 #include "dumps/contract/rows.h"
-
-#include <malloc.h>
 
 #include <torch/version.h>
 
@@ -323,7 +322,7 @@ void Graph::run(const std::vector<std::string>& names, Observer& out, std::map<s
       // threshold) of every layer passed, and a deeper model would peak
       // higher. Not every layer: trimming returns pages the next layer would
       // fault in (and the kernel zero) again.
-      if (!keep_caches && mallinfo2().fordblks > (size_t(512) << 20)) malloc_trim(0);
+      if (!keep_caches) release_free_heap(int64_t(512) << 20);
     }
     const Value* v = compute(name);
     if (!v || !v->t.defined() || !asked.count(name) || !out.wants(name)) continue;

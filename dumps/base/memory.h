@@ -12,4 +12,9 @@ int64_t available_memory_bytes();
 // activations, the dumps and the page cache), 4 GiB when that is unknown.
 int64_t default_memory_budget();
 
+// Gives the heap's free pages back to the system when the free memory it
+// holds adds up to at least `at_least_bytes` (always when 0). Safe from any
+// thread, the first call included.
+void release_free_heap(int64_t at_least_bytes = 0);
+
 }  // namespace llmdiff
