@@ -156,7 +156,10 @@ TEST(ImplBatch, Errors) {
   EXPECT_THROW(impl::BatchEngine(model, inapplicable), UsageError);
   // A replayed iteration that calls one sequence twice.
   impl::BatchSchedule twice;
-  twice.iterations = {{{0, {1, 2}}, {0, {3}}}};
+  impl::BatchCall first, again;
+  first.tokens = {1, 2};
+  again.tokens = {3};
+  twice.iterations = {{first, again}};
   EXPECT_THROW(impl::BatchEngine(model, impl::BatchEngineOptions{}).replay(twice, *std::make_unique<MemoryDump>()),
                UsageError);
   impl::ImplOptions single;
