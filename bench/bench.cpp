@@ -64,6 +64,7 @@ struct ModelFacts {
   uint64_t weight_bytes = 0;       // distinct weights as stored
   uint64_t params = 0;             // distinct weight elements
   uint64_t decode_params = 0;      // weight elements one decode token reads (one embedding row)
+  uint64_t decode_bytes = 0;       // the same weights' stored bytes (ggml blocks as stored)
   double prefill_flops = 0;        // useful work of one prefill: matmuls, attention, last-row logits
   double token_matmul_flops = 0;   // one token through every layer's products (a MoE layer's active experts)
   double token_head_flops = 0;     // one token's logits
@@ -88,15 +89,22 @@ ModelFacts model_facts(const std::string& dir, int prompt) {
   f.weight_bytes = w.total_bytes();
   // Weight elements a token multiplies with: every projection, but of a MoE
   // layer only the router, K experts and the shared expert.
-  uint64_t layer_params = 0, layer_matmul = 0, layer_active = 0;
+  uint64_t layer_params = 0, layer_matmul = 0, layer_active = 0, layer_active_bytes = 0;
   for (const auto& L : w.layers) {
-    uint64_t all = 0, experts = 0;
+    uint64_t all = 0, experts = 0, all_bytes = 0, expert_bytes = 0;
     for (const WeightView* v : L.views())
-      if (*v && v->shape.size() == 2) all += uint64_t(v->numel());
-    for (const MlpWeights& e : L.experts) experts += uint64_t(e.gate.numel() + e.up.numel() + e.down.numel());
-    const uint64_t active = L.experts.empty() ? all : all - experts + experts / L.experts.size() * uint64_t(c.moe.top_k);
+      if (*v && v->shape.size() == 2) all += uint64_t(v->numel()), all_bytes += uint64_t(v->bytes());
+    for (const MlpWeights& e : L.experts) {
+      experts += uint64_t(e.gate.numel() + e.up.numel() + e.down.numel());
+      expert_bytes += uint64_t(e.gate.bytes() + e.up.bytes() + e.down.bytes());
+    }
+    auto active_of = [&](uint64_t whole, uint64_t in_experts) {
+      return L.experts.empty() ? whole : whole - in_experts + in_experts / L.experts.size() * uint64_t(c.moe.top_k);
+    };
+    const uint64_t active = active_of(all, experts);
     layer_matmul += active;
     layer_active += active;
+    layer_active_bytes += active_of(all_bytes, expert_bytes);
     for (const WeightView* v : L.views())
       if (*v) layer_params += uint64_t(v->numel());
   }
@@ -105,6 +113,8 @@ ModelFacts model_facts(const std::string& dir, int prompt) {
   f.params = layer_params + uint64_t(w.final_norm.numel()) + embed + (w.lm_head_tied ? 0 : head);
   // A decode token reads the active weights (norms and biases are noise next to them).
   f.decode_params = layer_active + uint64_t(w.final_norm.numel()) + head + (w.lm_head_tied ? 0 : D);
+  f.decode_bytes = layer_active_bytes + uint64_t(w.final_norm.bytes()) + uint64_t(w.lm_head.bytes()) +
+                   (w.lm_head_tied ? 0 : uint64_t(w.embed.row_bytes()));
   const double T = prompt;
   f.token_matmul_flops = 2.0 * double(layer_matmul);
   f.token_head_flops = 2.0 * double(head);
@@ -740,10 +750,10 @@ int run_bench(const BenchOptions& o) {
     const double engine_gbs = std::max(probe_best[i], probe_best[i + 1]);
     row["peak_rss_over_weights"] = double(row["peak_rss_bytes"].get<int64_t>()) / double(facts.weight_bytes);
     if (row.contains("error")) continue;
-    // Weights as the engine reads them: the impl reads the stored dtype from
-    // the mmap; the ref holds them in its compute dtype.
-    const size_t esize = row["engine"] == "impl" ? dtype_size(facts.storage) : compute_dtype_size(ref_dtype);
-    const double bytes = double(facts.decode_params) * double(esize);
+    // Weights as the engine reads them: the impl reads them as stored from
+    // the mmap (ggml blocks included); the ref holds them in its compute dtype.
+    const double bytes = row["engine"] == "impl" ? double(facts.decode_bytes)
+                                                  : double(facts.decode_params) * double(compute_dtype_size(ref_dtype));
     const double bound_ms = bytes / (engine_gbs * 1e9) * 1e3;
     row["bandwidth_gbs"] = engine_gbs;
     row["decode_bytes_per_token"] = bytes;

@@ -1,6 +1,6 @@
 #include "impl/kernels.h"
 
-#if defined(__AVX512F__) || defined(__F16C__)
+#if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -25,6 +25,7 @@ namespace {
 // ones). Loads and stores go through memcpy, so any alignment is fine.
 typedef float v16f __attribute__((vector_size(64)));
 typedef uint32_t v16u __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
 typedef uint16_t v16h __attribute__((vector_size(32)));
 typedef float v8f __attribute__((vector_size(32)));
 typedef double v8d __attribute__((vector_size(64)));
@@ -235,6 +236,67 @@ inline void gemv_streams_bf16(const uint16_t* const* w, int64_t K, const float* 
   }
 }
 
+// Q8_0 rows (ggml's blocks of 32 values: an f16 scale d, then 32 int8 q;
+// value d * q), read in place: each block's values are made as
+// dequantize_row_q8_0 makes them (the float32 product q * d) and meet x as
+// gemv_streams<F32W> meets a dequantised row, a block per step (one 16-lane
+// chain for its first 16 values, one for the rest), so y is bit for bit
+// that of the row dequantised first.
+constexpr int64_t kQ8_0Values = 32, kQ8_0Bytes = 34;
+
+inline float q8_0_scale(const uint8_t* block) {
+  uint16_t h;
+  std::memcpy(&h, block, sizeof h);
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  return f16_to_f32(h);  // a NaN scale's products are NaN either way
+#endif
+}
+
+// 16 int8 values as float32 (exact). The compiler's generic conversion
+// makes it a lane at a time.
+inline v16f int8_to_float(const uint8_t* p) {
+  v16f v;
+#if defined(__AVX512F__)
+  __m128i q;
+  std::memcpy(&q, p, sizeof q);
+  const __m512i i = _mm512_maskz_cvtepi8_epi32(__mmask16(0xffff), q);  // the maskz form: no undefined operand
+  v16i w;
+  std::memcpy(&w, &i, sizeof w);
+  v = __builtin_convertvector(w, v16f);
+#elif defined(__AVX2__)
+  __m128i lo = _mm_setzero_si128(), hi = _mm_setzero_si128();
+  std::memcpy(&lo, p, 8);
+  std::memcpy(&hi, p + 8, 8);
+  const __m256i ilo = _mm256_cvtepi8_epi32(lo), ihi = _mm256_cvtepi8_epi32(hi);
+  v16i w;
+  std::memcpy(&w, &ilo, sizeof ilo);
+  std::memcpy(reinterpret_cast<char*>(&w) + sizeof ilo, &ihi, sizeof ihi);
+  v = __builtin_convertvector(w, v16f);
+#else
+  for (int i = 0; i < kLanes; ++i) v[i] = float(int8_t(p[i]));
+#endif
+  return v;
+}
+
+template <int NS>
+inline void gemv_streams_q8_0(const uint8_t* const* w, int64_t K, const float* x, float* const* y) {
+  v16f a0[NS], a1[NS];
+  for (int s = 0; s < NS; ++s) a0[s] = a1[s] = v16f{};
+  for (int64_t b = 0; b < K / kQ8_0Values; ++b) {
+    const v16f x0 = load16(x + b * kQ8_0Values), x1 = load16(x + b * kQ8_0Values + kLanes);
+    for (int s = 0; s < NS; ++s) {
+      const uint8_t* block = w[s] + b * kQ8_0Bytes;
+      prefetch_ahead(block);
+      const v16f d = v16f{} + q8_0_scale(block);
+      a0[s] += (int8_to_float(block + 2) * d) * x0;
+      a1[s] += (int8_to_float(block + 2 + kLanes) * d) * x1;
+    }
+  }
+  for (int s = 0; s < NS; ++s) *y[s] = hsum(a0[s] + a1[s]);
+}
+
 // The same for NT tokens and NR rows at once: each 64-byte load of W is
 // widened once and meets every token's x, and each load of a token's x
 // meets every row; token t of row s keeps its own two accumulators, so its
@@ -321,6 +383,21 @@ template <class W>
 void gemv_rows(const WMat& m, const float* x, const float* xe, const float* xo, int64_t r0, int64_t r1, float* y) {
   const int64_t K = m.cols;
   if constexpr (std::is_same<W, QuantW>::value) {
+    if (m.quant == GgmlType::Q8_0 && m.row_len() == K) {
+      const size_t row_bytes = ggml_row_bytes(m.quant, K);
+      auto rows = [&](auto ns, int64_t first, int64_t stride) {
+        constexpr int NS = decltype(ns)::value;
+        const uint8_t* w[NS];
+        float* yr[NS];
+        for (int s = 0; s < NS; ++s) {
+          const int64_t r = first + s * stride;
+          w[s] = static_cast<const uint8_t*>(m.data) + size_t(m.src_row(r)) * row_bytes;
+          yr[s] = y + r;
+        }
+        gemv_streams_q8_0<NS>(w, K, x, yr);
+      };
+      return in_row_groups<kGemvStreams>(r0, r1, rows);
+    }
     thread_local std::vector<float> row;
     row.resize(size_t(K));
     for (int64_t r = r0; r < r1; ++r) {

@@ -687,6 +687,30 @@ TEST(QuantDequant, F16EveryBitPattern) {
   EXPECT_EQ(bits(half(0x7c01)), 0x7fc02000u);
 }
 
+TEST(QuantDequant, Q8_0ScaleEveryBitPattern) {
+  // Every block's scale is an f16: one block per bit pattern, its first
+  // value d * 1 and its second d * -1 (a NaN's sign after a product is
+  // IEEE's to leave open: checked for the numbers only).
+  const size_t bytes = ggml_type_size(GgmlType::Q8_0);
+  Bytes b(bytes * 65536);
+  for (uint32_t h = 0; h < 65536; ++h) {
+    put16(b, bytes * h, uint16_t(h));
+    b[bytes * h + 2] = 1;
+    b[bytes * h + 3] = uint8_t(int8_t(-1));
+  }
+  const std::vector<float> got = dequant(GgmlType::Q8_0, b, 32 * 65536);
+  std::vector<float> first, second, want, want_neg;
+  for (uint32_t h = 0; h < 65536; ++h) {
+    first.push_back(got[32 * h]);
+    want.push_back(half(uint16_t(h)));
+    if (std::isnan(want.back())) continue;
+    second.push_back(got[32 * h + 1]);
+    want_neg.push_back(-want.back());
+  }
+  expect_same_bits(first, want, "Q8_0 scale");
+  expect_same_bits(second, want_neg, "Q8_0 scale x -1");
+}
+
 TEST(QuantDequant, Bf16EveryBitPattern) {
   Bytes b(2 * 65536);
   std::vector<float> want;

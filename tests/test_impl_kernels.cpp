@@ -4,6 +4,7 @@
 // yarn) against the formulas of modeling_rope_utils.py evaluated in double.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -11,6 +12,7 @@
 
 #include "dumps/model/config.h"
 #include "dumps/base/dtype.h"
+#include "dumps/formats/ggml_types.h"
 #include "impl/kernels.h"
 #include "impl/rope.h"
 #include "impl/thread_pool.h"
@@ -175,6 +177,55 @@ TEST(ImplKernels, AGemvRowIsSummedAloneWhicheverRowsAreReadBesideIt) {
         EXPECT_EQ(0, std::memcmp(part.data(), y.data() + r0, size_t(n) * 4))
             << dtype_name(dt) << " K=" << K << " rows from " << r0;
       }
+    }
+  }
+}
+
+TEST(ImplKernels, Q8_0RowsReadInPlaceEqualTheRowsDequantisedFirst) {
+  // GGUF Q8_0 weights are read block by block in place for a few tokens;
+  // each y is bit for bit the product with the rows dequantised first (as
+  // a GEMM's panel and a view of some columns read them), in any row
+  // grouping, interleaved heads included.
+  ThreadPool pool(2);
+  MatmulScratch scratch;
+  for (int64_t K : {32, 96, 2048}) {
+    const int64_t N = 308;  // 7 heads of 44 rows
+    const std::vector<float> values = random_vector(N * K, uint32_t(K));
+    const size_t row_bytes = ggml_row_bytes(GgmlType::Q8_0, K);
+    std::vector<uint8_t> blocks(row_bytes * size_t(N));
+    std::vector<float> dequantised(values.size());
+    for (int64_t r = 0; r < N; ++r) {
+      quantize_row(GgmlType::Q8_0, values.data() + r * K, blocks.data() + size_t(r) * row_bytes, K);
+      dequantize_row(GgmlType::Q8_0, blocks.data() + size_t(r) * row_bytes, dequantised.data() + r * K, K);
+    }
+    for (int64_t heads : {0, 7}) {
+      WMat q;
+      q.data = blocks.data();
+      q.quant = GgmlType::Q8_0;
+      q.rows = N;
+      q.cols = K;
+      q.interleaved_heads = heads;
+      // The same rows as float32, in the order q reads them.
+      std::vector<float> f32(values.size());
+      for (int64_t r = 0; r < N; ++r)
+        std::copy_n(dequantised.data() + q.src_row(r) * K, K, f32.data() + r * K);
+      WMat f;
+      f.data = f32.data();
+      f.rows = N;
+      f.cols = K;
+      for (int64_t T : {1, 3}) {
+        const std::vector<float> x = random_vector(T * K, uint32_t(T + 11));
+        std::vector<float> yq(size_t(T * N)), yf(yq.size());
+        matmul(pool, scratch, x.data(), T, q, yq.data());
+        matmul(pool, scratch, x.data(), T, f, yf.data());
+        EXPECT_EQ(0, std::memcmp(yq.data(), yf.data(), yq.size() * 4)) << "K=" << K << " heads=" << heads << " T=" << T;
+      }
+      const std::vector<float> x = random_vector(K, 5);
+      const int64_t r0 = heads ? 2 * (N / heads) : 3, n = heads ? 3 * (N / heads) : N - 8;
+      std::vector<float> part(static_cast<size_t>(n)), whole(static_cast<size_t>(N));
+      matmul(pool, scratch, x.data(), 1, row_view(q, r0, n), part.data());
+      matmul(pool, scratch, x.data(), 1, q, whole.data());
+      EXPECT_EQ(0, std::memcmp(part.data(), whole.data() + r0, size_t(n) * 4)) << "K=" << K << " heads=" << heads;
     }
   }
 }

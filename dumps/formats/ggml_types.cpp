@@ -4,7 +4,12 @@
 // bit-identical to ggml built without floating-point contraction.
 #include "dumps/formats/ggml_types.h"
 
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
 #include <cfloat>
+#include <cstddef>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -145,8 +150,13 @@ const Traits* traits(uint32_t id) {
 // --------------------------------------------------------- scalar helpers
 
 // GGML_FP16_TO_FP32 (ggml_compute_fp16_to_fp32): exact, subnormals included;
-// a NaN comes out quiet, as ggml's float arithmetic leaves it.
+// a NaN comes out quiet, as ggml's float arithmetic leaves it. With F16C one
+// instruction does exactly that (ggml's x86 build uses it too); every block's
+// scale goes through here, and a call per block held its dequantisation up.
 inline float fp16_to_fp32(f16 h) {
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
   float f = f16_to_f32(h);
   if ((h & 0x7c00) == 0x7c00 && (h & 0x03ff) != 0) {
     uint32_t u;
@@ -155,6 +165,7 @@ inline float fp16_to_fp32(f16 h) {
     std::memcpy(&f, &u, 4);
   }
   return f;
+#endif
 }
 
 // GGML_FP32_TO_FP16 (ggml_compute_fp32_to_fp16): round to nearest even,
@@ -559,16 +570,21 @@ void dequant(const BlockQ6_K& b, float* y) {  // dequantize_row_q6_K
   const uint8_t* qh = b.qh;
   const int8_t* sc = b.scales;
   for (int n = 0; n < kQK_K; n += 128) {
-    for (int l = 0; l < 32; ++l) {
-      const int is = l / 16;
-      const int q1 = ((ql[l + 0] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-      const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-      const int q3 = ((ql[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-      const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-      y[l + 0] = d * sc[is + 0] * q1;
-      y[l + 32] = d * sc[is + 2] * q2;
-      y[l + 64] = d * sc[is + 4] * q3;
-      y[l + 96] = d * sc[is + 6] * q4;
+    // ggml's loop over l = 0..31 with is = l / 16, as two loops of 16 over
+    // which d * sc[is + k] is one value (the same products, each rounded
+    // as there; a loop the compiler vectorises).
+    for (int is = 0; is < 2; ++is) {
+      const float s1 = d * sc[is + 0], s2 = d * sc[is + 2], s3 = d * sc[is + 4], s4 = d * sc[is + 6];
+      for (int l = 16 * is; l < 16 * is + 16; ++l) {
+        const int q1 = ((ql[l + 0] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+        const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        const int q3 = ((ql[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+        const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        y[l + 0] = s1 * float(q1);
+        y[l + 32] = s2 * float(q2);
+        y[l + 64] = s3 * float(q3);
+        y[l + 96] = s4 * float(q4);
+      }
     }
     y += 128;
     ql += 64;
@@ -1036,6 +1052,17 @@ void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n) {
         uint16_t h;
         std::memcpy(&h, p + 2 * i, 2);
         dst[i] = bf16_to_f32(h);
+      }
+      return;
+    case GgmlType::Q8_0:  // dequantize_row_q8_0, read in place: each block
+      // copied out whole first (dequant_blocks) is read back across the
+      // pieces the copy wrote, a stall per 32 values
+      for (int64_t i = 0; i < n / kQK; ++i, p += sizeof(BlockQ8_0)) {
+        f16 h;
+        std::memcpy(&h, p, sizeof h);
+        const float d = fp16_to_fp32(h);
+        const auto* q = reinterpret_cast<const int8_t*>(p + offsetof(BlockQ8_0, qs));
+        for (int j = 0; j < kQK; ++j) dst[i * kQK + j] = q[j] * d;
       }
       return;
     default:
