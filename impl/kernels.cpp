@@ -244,9 +244,10 @@ inline void gemv_streams_bf16(const uint16_t* const* w, int64_t K, const float* 
 // that of the row dequantised first.
 constexpr int64_t kQ8_0Values = 32, kQ8_0Bytes = 34;
 
-inline float q8_0_scale(const uint8_t* block) {
+// A block's f16 scale at p, as ggml's GGML_FP16_TO_FP32 reads it.
+inline float block_scale(const uint8_t* p) {
   uint16_t h;
-  std::memcpy(&h, block, sizeof h);
+  std::memcpy(&h, p, sizeof h);
 #if defined(__F16C__)
   return _cvtsh_ss(h);
 #else
@@ -289,13 +290,143 @@ inline void gemv_streams_q8_0(const uint8_t* const* w, int64_t K, const float* x
     for (int s = 0; s < NS; ++s) {
       const uint8_t* block = w[s] + b * kQ8_0Bytes;
       prefetch_ahead(block);
-      const v16f d = v16f{} + q8_0_scale(block);
+      const v16f d = v16f{} + block_scale(block);
       a0[s] += (int8_to_float(block + 2) * d) * x0;
       a1[s] += (int8_to_float(block + 2 + kLanes) * d) * x1;
     }
   }
   for (int s = 0; s < NS; ++s) *y[s] = hsum(a0[s] + a1[s]);
 }
+
+#if defined(__AVX512F__)
+// Q4_K rows (ggml's super-blocks of 256 values: f16 d and dmin, 12 bytes of
+// packed 6-bit scales and mins, 128 bytes of 4-bit q, each 32 bytes holding
+// two sub-blocks of 32 values in their low and high nibbles; value
+// d * scale * q - dmin * min), read in place as Q8_0's: each value made as
+// dequantize_row_q4_K makes it, and met with x as the dequantised row's
+// values are, 32 per step.
+constexpr int64_t kQ4_KValues = 256, kQ4_KBytes = 144;
+
+// 16 bytes of 4-bit values as float32.
+inline v16f nibbles_to_float(__m128i b) {
+  const __m512i i = _mm512_maskz_cvtepu8_epi32(__mmask16(0xffff), b);
+  v16i w;
+  std::memcpy(&w, &i, sizeof w);
+  return __builtin_convertvector(w, v16f);
+}
+
+// scale * q - min. The product is exact (scale = d * sc has at most 17
+// significant bits, q 4), so it is the same fused into the subtraction or
+// not.
+inline v16f scaled_minus_min(v16f q, v16f scale, v16f min) { return scale * q - min; }
+
+template <int NS>
+inline void gemv_streams_q4_k(const uint8_t* const* w, int64_t K, const float* x, float* const* y) {
+  const __m128i low = _mm_set1_epi8(0x0F);
+  v16f a0[NS], a1[NS];
+  for (int s = 0; s < NS; ++s) a0[s] = a1[s] = v16f{};
+  for (int64_t b = 0; b < K / kQ4_KValues; ++b) {
+    // Each stream's eight sub-block scales and mins (d * scale, dmin * min).
+    float scale[NS][8], min[NS][8];
+    for (int s = 0; s < NS; ++s) {
+      const uint8_t* block = w[s] + b * kQ4_KBytes;
+      prefetch_ahead(block);
+      prefetch_ahead(block + 64);
+      prefetch_ahead(block + 128);
+      const float d = block_scale(block), dmin = block_scale(block + 2);
+      for (int j = 0; j < 8; ++j) {
+        uint8_t sc, m;
+        ggml_scale_min_k4(j, block + 4, &sc, &m);
+        scale[s][j] = d * sc;
+        min[s][j] = dmin * m;
+      }
+    }
+    for (int g = 0; g < 4; ++g) {  // 64 values: 32 low nibbles, then 32 high ones
+      const float* xg = x + b * kQ4_KValues + 64 * g;
+      const v16f x0 = load16(xg), x1 = load16(xg + 16), x2 = load16(xg + 32), x3 = load16(xg + 48);
+      for (int s = 0; s < NS; ++s) {
+        const uint8_t* q = w[s] + b * kQ4_KBytes + 16 + 32 * g;
+        __m128i q0, q1;
+        std::memcpy(&q0, q, sizeof q0);
+        std::memcpy(&q1, q + 16, sizeof q1);
+        const v16f s1 = v16f{} + scale[s][2 * g], m1 = v16f{} + min[s][2 * g];
+        const v16f s2 = v16f{} + scale[s][2 * g + 1], m2 = v16f{} + min[s][2 * g + 1];
+        a0[s] += scaled_minus_min(nibbles_to_float(_mm_and_si128(q0, low)), s1, m1) * x0;
+        a1[s] += scaled_minus_min(nibbles_to_float(_mm_and_si128(q1, low)), s1, m1) * x1;
+        a0[s] += scaled_minus_min(nibbles_to_float(_mm_and_si128(_mm_srli_epi16(q0, 4), low)), s2, m2) * x2;
+        a1[s] += scaled_minus_min(nibbles_to_float(_mm_and_si128(_mm_srli_epi16(q1, 4), low)), s2, m2) * x3;
+      }
+    }
+  }
+  for (int s = 0; s < NS; ++s) *y[s] = hsum(a0[s] + a1[s]);
+}
+
+// Q6_K rows (ggml's super-blocks of 256 values: 128 bytes of low 4 bits,
+// 64 of high 2 bits, 16 int8 scales of 16 values each, an f16 d; value
+// d * scale * (q - 32)), read in place the same way: each value made as
+// dequantize_row_q6_K makes it ((d * scale) * q, one product after the
+// other), 32 per step in the row's order.
+constexpr int64_t kQ6_KValues = 256, kQ6_KBytes = 210;
+
+// 16 int8 values as float32.
+inline v16f bytes_to_float(__m128i b) {
+  const __m512i i = _mm512_maskz_cvtepi8_epi32(__mmask16(0xffff), b);
+  v16i w;
+  std::memcpy(&w, &i, sizeof w);
+  return __builtin_convertvector(w, v16f);
+}
+
+template <int NS>
+inline void gemv_streams_q6_k(const uint8_t* const* w, int64_t K, const float* x, float* const* y) {
+  const __m128i low4 = _mm_set1_epi8(0x0F), bits45 = _mm_set1_epi8(0x30), bias = _mm_set1_epi8(32);
+  v16f a0[NS], a1[NS];
+  for (int s = 0; s < NS; ++s) a0[s] = a1[s] = v16f{};
+  for (int64_t b = 0; b < K / kQ6_KValues; ++b) {
+    float scale[NS][16];  // d * scales[j]
+    for (int s = 0; s < NS; ++s) {
+      const uint8_t* block = w[s] + b * kQ6_KBytes;
+      prefetch_ahead(block);
+      prefetch_ahead(block + 64);
+      prefetch_ahead(block + 128);
+      prefetch_ahead(block + 192);
+      const float d = block_scale(block + 208);
+      for (int j = 0; j < 16; ++j) scale[s][j] = d * int8_t(block[192 + j]);
+    }
+    for (int n = 0; n < 2; ++n) {  // 128 values: 32 from each of four bit fields
+      const float* xn = x + b * kQ6_KValues + 128 * n;
+      for (int s = 0; s < NS; ++s) {
+        const uint8_t* ql = w[s] + b * kQ6_KBytes + 64 * n;
+        const uint8_t* qh = w[s] + b * kQ6_KBytes + 128 + 32 * n;
+        __m128i l0, l1, l2, l3, h0, h1;  // ql[0..16), [16..32), [32..48), [48..64); qh[0..16), [16..32)
+        std::memcpy(&l0, ql, 16);
+        std::memcpy(&l1, ql + 16, 16);
+        std::memcpy(&l2, ql + 32, 16);
+        std::memcpy(&l3, ql + 48, 16);
+        std::memcpy(&h0, qh, 16);
+        std::memcpy(&h1, qh + 16, 16);
+        // q - 32 of the values l (ql[l] low nibble, qh bits 0-1), l + 32
+        // (ql[l + 32] low, bits 2-3), l + 64 (ql[l] high, bits 4-5), l + 96
+        // (ql[l + 32] high, bits 6-7), the two high bits moved to bits 4-5.
+        auto q = [&](__m128i nibbles, __m128i high) {
+          return bytes_to_float(_mm_sub_epi8(_mm_or_si128(nibbles, _mm_and_si128(high, bits45)), bias));
+        };
+        auto lo = [&](__m128i v) { return _mm_and_si128(v, low4); };
+        auto hi = [&](__m128i v) { return _mm_and_si128(_mm_srli_epi16(v, 4), low4); };
+        const float* sc = scale[s] + 8 * n;
+        const v16f v[8] = {q(lo(l0), _mm_slli_epi16(h0, 4)), q(lo(l1), _mm_slli_epi16(h1, 4)),
+                           q(lo(l2), _mm_slli_epi16(h0, 2)), q(lo(l3), _mm_slli_epi16(h1, 2)),
+                           q(hi(l0), h0),                    q(hi(l1), h1),
+                           q(hi(l2), _mm_srli_epi16(h0, 2)), q(hi(l3), _mm_srli_epi16(h1, 2))};
+        for (int k = 0; k < 4; ++k) {  // values 32k .. 32k + 31 of the 128
+          a0[s] += ((v16f{} + sc[2 * k]) * v[2 * k]) * load16(xn + 32 * k);
+          a1[s] += ((v16f{} + sc[2 * k + 1]) * v[2 * k + 1]) * load16(xn + 32 * k + 16);
+        }
+      }
+    }
+  }
+  for (int s = 0; s < NS; ++s) *y[s] = hsum(a0[s] + a1[s]);
+}
+#endif
 
 // The same for NT tokens and NR rows at once: each 64-byte load of W is
 // widened once and meets every token's x, and each load of a token's x
@@ -383,9 +514,10 @@ template <class W>
 void gemv_rows(const WMat& m, const float* x, const float* xe, const float* xo, int64_t r0, int64_t r1, float* y) {
   const int64_t K = m.cols;
   if constexpr (std::is_same<W, QuantW>::value) {
-    if (m.quant == GgmlType::Q8_0 && m.row_len() == K) {
-      const size_t row_bytes = ggml_row_bytes(m.quant, K);
-      auto rows = [&](auto ns, int64_t first, int64_t stride) {
+    // Whole rows of Q8_0 (and, with AVX-512, Q4_K and Q6_K) blocks: read in place.
+    const size_t row_bytes = ggml_row_bytes(m.quant, m.row_len());
+    auto in_place = [&](auto kernel) {
+      in_row_groups<kGemvStreams>(r0, r1, [&](auto ns, int64_t first, int64_t stride) {
         constexpr int NS = decltype(ns)::value;
         const uint8_t* w[NS];
         float* yr[NS];
@@ -394,10 +526,23 @@ void gemv_rows(const WMat& m, const float* x, const float* xe, const float* xo, 
           w[s] = static_cast<const uint8_t*>(m.data) + size_t(m.src_row(r)) * row_bytes;
           yr[s] = y + r;
         }
-        gemv_streams_q8_0<NS>(w, K, x, yr);
-      };
-      return in_row_groups<kGemvStreams>(r0, r1, rows);
-    }
+        kernel(ns, w, yr);
+      });
+    };
+    if (m.quant == GgmlType::Q8_0 && m.row_len() == K)
+      return in_place([&](auto ns, const uint8_t* const* w, float* const* yr) {
+        gemv_streams_q8_0<decltype(ns)::value>(w, K, x, yr);
+      });
+#if defined(__AVX512F__)
+    if (m.quant == GgmlType::Q4_K && m.row_len() == K)
+      return in_place([&](auto ns, const uint8_t* const* w, float* const* yr) {
+        gemv_streams_q4_k<decltype(ns)::value>(w, K, x, yr);
+      });
+    if (m.quant == GgmlType::Q6_K && m.row_len() == K)
+      return in_place([&](auto ns, const uint8_t* const* w, float* const* yr) {
+        gemv_streams_q6_k<decltype(ns)::value>(w, K, x, yr);
+      });
+#endif
     thread_local std::vector<float> row;
     row.resize(size_t(K));
     for (int64_t r = r0; r < r1; ++r) {

@@ -181,27 +181,30 @@ TEST(ImplKernels, AGemvRowIsSummedAloneWhicheverRowsAreReadBesideIt) {
   }
 }
 
-TEST(ImplKernels, Q8_0RowsReadInPlaceEqualTheRowsDequantisedFirst) {
-  // GGUF Q8_0 weights are read block by block in place for a few tokens;
-  // each y is bit for bit the product with the rows dequantised first (as
-  // a GEMM's panel and a view of some columns read them), in any row
-  // grouping, interleaved heads included.
+TEST(ImplKernels, GgmlRowsReadInPlaceEqualTheRowsDequantisedFirst) {
+  // GGUF Q8_0 and Q4_K weights are read block by block in place for a few
+  // tokens, the other types dequantised a row at a time; each y is bit for
+  // bit the product with the rows dequantised first (as a GEMM's panel and
+  // a view of some columns read them), in any row grouping, interleaved
+  // heads included.
   ThreadPool pool(2);
   MatmulScratch scratch;
-  for (int64_t K : {32, 96, 2048}) {
+  for (GgmlType type : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q4_0})
+  for (int64_t K : {256, 768, 2048}) {
+    SCOPED_TRACE(ggml_type_name(uint32_t(type)));
     const int64_t N = 308;  // 7 heads of 44 rows
     const std::vector<float> values = random_vector(N * K, uint32_t(K));
-    const size_t row_bytes = ggml_row_bytes(GgmlType::Q8_0, K);
+    const size_t row_bytes = ggml_row_bytes(type, K);
     std::vector<uint8_t> blocks(row_bytes * size_t(N));
     std::vector<float> dequantised(values.size());
     for (int64_t r = 0; r < N; ++r) {
-      quantize_row(GgmlType::Q8_0, values.data() + r * K, blocks.data() + size_t(r) * row_bytes, K);
-      dequantize_row(GgmlType::Q8_0, blocks.data() + size_t(r) * row_bytes, dequantised.data() + r * K, K);
+      quantize_row(type, values.data() + r * K, blocks.data() + size_t(r) * row_bytes, K);
+      dequantize_row(type, blocks.data() + size_t(r) * row_bytes, dequantised.data() + r * K, K);
     }
     for (int64_t heads : {0, 7}) {
       WMat q;
       q.data = blocks.data();
-      q.quant = GgmlType::Q8_0;
+      q.quant = type;
       q.rows = N;
       q.cols = K;
       q.interleaved_heads = heads;

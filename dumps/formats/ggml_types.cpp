@@ -401,20 +401,6 @@ float make_qkx2_quants(int n, int nmax, const float* x, const float* weights, ui
   return scale;
 }
 
-// get_scale_min_k4: the 6-bit scale and min of sub-block j (0..7) from the
-// 12 packed bytes of Q4_K / Q5_K. Bytes 0-3: scales 0-3 (low 6 bits) and the
-// top 2 bits of scales 4-7; bytes 4-7: mins 0-3 and the top 2 bits of mins
-// 4-7; bytes 8-11: low nibble the low 4 bits of scale j, high nibble of min j.
-inline void get_scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
-  if (j < 4) {
-    *d = q[j] & 63;
-    *m = q[j + 4] & 63;
-  } else {
-    *d = uint8_t((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-    *m = uint8_t((q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4));
-  }
-}
-
 // The 6-bit scale j (0..15) of a Q3_K block, biased by 32: low 4 bits in the
 // nibbles of scales[0..7], top 2 bits in the bit pairs of scales[8..11].
 inline int q3_k_scale(const uint8_t* scales, int j) {
@@ -535,9 +521,9 @@ void dequant(const BlockQ4_K& b, float* y) {  // dequantize_row_q4_K
   const uint8_t* q = b.qs;
   for (int is = 0; is < 8; is += 2) {  // 64 values: low nibbles, then high nibbles
     uint8_t sc, m;
-    get_scale_min_k4(is + 0, b.scales, &sc, &m);
+    ggml_scale_min_k4(is + 0, b.scales, &sc, &m);
     const float d1 = d * sc, m1 = min * m;
-    get_scale_min_k4(is + 1, b.scales, &sc, &m);
+    ggml_scale_min_k4(is + 1, b.scales, &sc, &m);
     const float d2 = d * sc, m2 = min * m;
     for (int l = 0; l < 32; ++l) *y++ = d1 * (q[l] & 0xF) - m1;
     for (int l = 0; l < 32; ++l) *y++ = d2 * (q[l] >> 4) - m2;
@@ -552,9 +538,9 @@ void dequant(const BlockQ5_K& b, float* y) {  // dequantize_row_q5_K
   uint8_t u1 = 1, u2 = 2;  // the qh bits of the two 32-value halves
   for (int is = 0; is < 8; is += 2) {
     uint8_t sc, m;
-    get_scale_min_k4(is + 0, b.scales, &sc, &m);
+    ggml_scale_min_k4(is + 0, b.scales, &sc, &m);
     const float d1 = d * sc, m1 = min * m;
-    get_scale_min_k4(is + 1, b.scales, &sc, &m);
+    ggml_scale_min_k4(is + 1, b.scales, &sc, &m);
     const float d2 = d * sc, m2 = min * m;
     for (int l = 0; l < 32; ++l) *y++ = d1 * ((ql[l] & 0xF) + (b.qh[l] & u1 ? 16 : 0)) - m1;
     for (int l = 0; l < 32; ++l) *y++ = d2 * ((ql[l] >> 4) + (b.qh[l] & u2 ? 16 : 0)) - m2;
@@ -837,7 +823,7 @@ void quant_k4_scales(const float* x, int nmax, float rmin, int nstep, uint8_t* p
   *dmin_out = fp32_to_fp16(max_min / 63.f);
   for (int j = 0; j < kQK_K / 32; ++j) {
     uint8_t sc, m;
-    get_scale_min_k4(j, packed, &sc, &m);
+    ggml_scale_min_k4(j, packed, &sc, &m);
     const float d = fp16_to_fp32(*d_out) * sc;
     if (!d) continue;
     const float dm = fp16_to_fp32(*dmin_out) * m;

@@ -42,6 +42,21 @@ size_t ggml_type_size(GgmlType t);
 size_t ggml_row_bytes(GgmlType t, int64_t n);
 bool ggml_is_quantized(GgmlType t);  // a block type (not F32/F16/BF16/I*/F64)
 
+// Q4_K / Q5_K: the 6-bit scale and min of sub-block j (0..7) of a
+// super-block from its 12 packed bytes (ggml's get_scale_min_k4). Bytes
+// 0-3: scales 0-3 (low 6 bits) and the top 2 bits of scales 4-7; bytes
+// 4-7: mins 0-3 and the top 2 bits of mins 4-7; bytes 8-11: low nibble the
+// low 4 bits of scale j, high nibble of min j.
+inline void ggml_scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
+  if (j < 4) {
+    *d = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *d = uint8_t((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+    *m = uint8_t((q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4));
+  }
+}
+
 // Dequantises `n` values (a multiple of the block size) from `src` into
 // `dst`, exactly as ggml's dequantize_row_* (float32 arithmetic in the same
 // order, so results are bit-identical). Throws llmdiff::Error for an
