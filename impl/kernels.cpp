@@ -299,40 +299,52 @@ inline void gemv_streams_q8_0(const uint8_t* const* w, int64_t K, const float* x
 }
 
 #if defined(__AVX512F__)
-// Q4_K rows (ggml's super-blocks of 256 values: f16 d and dmin, 12 bytes of
-// packed 6-bit scales and mins, 128 bytes of 4-bit q, each 32 bytes holding
-// two sub-blocks of 32 values in their low and high nibbles; value
-// d * scale * q - dmin * min), read in place as Q8_0's: each value made as
-// dequantize_row_q4_K makes it, and met with x as the dequantised row's
-// values are, 32 per step.
-constexpr int64_t kQ4_KValues = 256, kQ4_KBytes = 144;
+// Q4_K and Q5_K rows (ggml's super-blocks of 256 values: f16 d and dmin,
+// 12 bytes of packed 6-bit scales and mins, Q5_K's 32 bytes of fifth bits,
+// 128 bytes of 4-bit q, each 32 bytes holding two sub-blocks of 32 values
+// in their low and high nibbles; value d * scale * q - dmin * min), read in
+// place as Q8_0's: each value made as dequantize_row_q4_K / q5_K makes it,
+// and met with x as the dequantised row's values are, 32 per step.
+template <bool kFifthBit>
+struct KQuant45 {
+  static constexpr int64_t kValues = 256, kBytes = kFifthBit ? 176 : 144, kQs = kFifthBit ? 48 : 16;
+};
 
-// 16 bytes of 4-bit values as float32.
-inline v16f nibbles_to_float(__m128i b) {
+// 16 bytes as float32, unsigned (4- and 5-bit values) or signed.
+inline v16f unsigned_bytes_to_float(__m128i b) {
   const __m512i i = _mm512_maskz_cvtepu8_epi32(__mmask16(0xffff), b);
+  v16i w;
+  std::memcpy(&w, &i, sizeof w);
+  return __builtin_convertvector(w, v16f);
+}
+inline v16f signed_bytes_to_float(__m128i b) {
+  const __m512i i = _mm512_maskz_cvtepi8_epi32(__mmask16(0xffff), b);
   v16i w;
   std::memcpy(&w, &i, sizeof w);
   return __builtin_convertvector(w, v16f);
 }
 
 // scale * q - min. The product is exact (scale = d * sc has at most 17
-// significant bits, q 4), so it is the same fused into the subtraction or
+// significant bits, q 5), so it is the same fused into the subtraction or
 // not.
 inline v16f scaled_minus_min(v16f q, v16f scale, v16f min) { return scale * q - min; }
 
-template <int NS>
-inline void gemv_streams_q4_k(const uint8_t* const* w, int64_t K, const float* x, float* const* y) {
-  const __m128i low = _mm_set1_epi8(0x0F);
+template <int NS, bool kFifthBit>
+inline void gemv_streams_k45(const uint8_t* const* w, int64_t K, const float* x, float* const* y) {
+  using Q = KQuant45<kFifthBit>;
+  const __m128i low = _mm_set1_epi8(0x0F), one = _mm_set1_epi8(1);
+  // Bit `bit` of each byte of h, as 16 or 0 (Q5_K's fifth bit of a value).
+  auto fifth = [&](__m128i h, int bit) {
+    return _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(h, _mm_cvtsi32_si128(bit)), one), 4);
+  };
   v16f a0[NS], a1[NS];
   for (int s = 0; s < NS; ++s) a0[s] = a1[s] = v16f{};
-  for (int64_t b = 0; b < K / kQ4_KValues; ++b) {
+  for (int64_t b = 0; b < K / Q::kValues; ++b) {
     // Each stream's eight sub-block scales and mins (d * scale, dmin * min).
     float scale[NS][8], min[NS][8];
     for (int s = 0; s < NS; ++s) {
-      const uint8_t* block = w[s] + b * kQ4_KBytes;
-      prefetch_ahead(block);
-      prefetch_ahead(block + 64);
-      prefetch_ahead(block + 128);
+      const uint8_t* block = w[s] + b * Q::kBytes;
+      for (int64_t at = 0; at < Q::kBytes; at += 64) prefetch_ahead(block + at);
       const float d = block_scale(block), dmin = block_scale(block + 2);
       for (int j = 0; j < 8; ++j) {
         uint8_t sc, m;
@@ -342,20 +354,58 @@ inline void gemv_streams_q4_k(const uint8_t* const* w, int64_t K, const float* x
       }
     }
     for (int g = 0; g < 4; ++g) {  // 64 values: 32 low nibbles, then 32 high ones
-      const float* xg = x + b * kQ4_KValues + 64 * g;
+      const float* xg = x + b * Q::kValues + 64 * g;
       const v16f x0 = load16(xg), x1 = load16(xg + 16), x2 = load16(xg + 32), x3 = load16(xg + 48);
       for (int s = 0; s < NS; ++s) {
-        const uint8_t* q = w[s] + b * kQ4_KBytes + 16 + 32 * g;
+        const uint8_t* block = w[s] + b * Q::kBytes;
         __m128i q0, q1;
-        std::memcpy(&q0, q, sizeof q0);
-        std::memcpy(&q1, q + 16, sizeof q1);
+        std::memcpy(&q0, block + Q::kQs + 32 * g, sizeof q0);
+        std::memcpy(&q1, block + Q::kQs + 32 * g + 16, sizeof q1);
+        __m128i lo0 = _mm_and_si128(q0, low), lo1 = _mm_and_si128(q1, low);
+        __m128i hi0 = _mm_and_si128(_mm_srli_epi16(q0, 4), low), hi1 = _mm_and_si128(_mm_srli_epi16(q1, 4), low);
+        if constexpr (kFifthBit) {
+          __m128i h0, h1;  // qh[0..16), qh[16..32): bits 2g and 2g + 1
+          std::memcpy(&h0, block + 16, sizeof h0);
+          std::memcpy(&h1, block + 32, sizeof h1);
+          lo0 = _mm_or_si128(lo0, fifth(h0, 2 * g));
+          lo1 = _mm_or_si128(lo1, fifth(h1, 2 * g));
+          hi0 = _mm_or_si128(hi0, fifth(h0, 2 * g + 1));
+          hi1 = _mm_or_si128(hi1, fifth(h1, 2 * g + 1));
+        }
         const v16f s1 = v16f{} + scale[s][2 * g], m1 = v16f{} + min[s][2 * g];
         const v16f s2 = v16f{} + scale[s][2 * g + 1], m2 = v16f{} + min[s][2 * g + 1];
-        a0[s] += scaled_minus_min(nibbles_to_float(_mm_and_si128(q0, low)), s1, m1) * x0;
-        a1[s] += scaled_minus_min(nibbles_to_float(_mm_and_si128(q1, low)), s1, m1) * x1;
-        a0[s] += scaled_minus_min(nibbles_to_float(_mm_and_si128(_mm_srli_epi16(q0, 4), low)), s2, m2) * x2;
-        a1[s] += scaled_minus_min(nibbles_to_float(_mm_and_si128(_mm_srli_epi16(q1, 4), low)), s2, m2) * x3;
+        a0[s] += scaled_minus_min(unsigned_bytes_to_float(lo0), s1, m1) * x0;
+        a1[s] += scaled_minus_min(unsigned_bytes_to_float(lo1), s1, m1) * x1;
+        a0[s] += scaled_minus_min(unsigned_bytes_to_float(hi0), s2, m2) * x2;
+        a1[s] += scaled_minus_min(unsigned_bytes_to_float(hi1), s2, m2) * x3;
       }
+    }
+  }
+  for (int s = 0; s < NS; ++s) *y[s] = hsum(a0[s] + a1[s]);
+}
+
+// Q4_0 rows (blocks of 32 values: an f16 d, then 16 bytes whose low nibbles
+// are values 0-15 and high nibbles values 16-31; value (q - 8) * d), read in
+// place: each value made as dequantize_row_q4_0 makes it, a block per step.
+constexpr int64_t kQ4_0Values = 32, kQ4_0Bytes = 18;
+
+template <int NS>
+inline void gemv_streams_q4_0(const uint8_t* const* w, int64_t K, const float* x, float* const* y) {
+  const __m128i low = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
+  v16f a0[NS], a1[NS];
+  for (int s = 0; s < NS; ++s) a0[s] = a1[s] = v16f{};
+  for (int64_t b = 0; b < K / kQ4_0Values; ++b) {
+    const v16f x0 = load16(x + b * kQ4_0Values), x1 = load16(x + b * kQ4_0Values + kLanes);
+    for (int s = 0; s < NS; ++s) {
+      const uint8_t* block = w[s] + b * kQ4_0Bytes;
+      prefetch_ahead(block);
+      const v16f d = v16f{} + block_scale(block);
+      __m128i q;
+      std::memcpy(&q, block + 2, sizeof q);
+      const __m128i lo = _mm_sub_epi8(_mm_and_si128(q, low), eight);
+      const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), low), eight);
+      a0[s] += (signed_bytes_to_float(lo) * d) * x0;
+      a1[s] += (signed_bytes_to_float(hi) * d) * x1;
     }
   }
   for (int s = 0; s < NS; ++s) *y[s] = hsum(a0[s] + a1[s]);
@@ -367,14 +417,6 @@ inline void gemv_streams_q4_k(const uint8_t* const* w, int64_t K, const float* x
 // dequantize_row_q6_K makes it ((d * scale) * q, one product after the
 // other), 32 per step in the row's order.
 constexpr int64_t kQ6_KValues = 256, kQ6_KBytes = 210;
-
-// 16 int8 values as float32.
-inline v16f bytes_to_float(__m128i b) {
-  const __m512i i = _mm512_maskz_cvtepi8_epi32(__mmask16(0xffff), b);
-  v16i w;
-  std::memcpy(&w, &i, sizeof w);
-  return __builtin_convertvector(w, v16f);
-}
 
 template <int NS>
 inline void gemv_streams_q6_k(const uint8_t* const* w, int64_t K, const float* x, float* const* y) {
@@ -408,7 +450,7 @@ inline void gemv_streams_q6_k(const uint8_t* const* w, int64_t K, const float* x
         // (ql[l + 32] low, bits 2-3), l + 64 (ql[l] high, bits 4-5), l + 96
         // (ql[l + 32] high, bits 6-7), the two high bits moved to bits 4-5.
         auto q = [&](__m128i nibbles, __m128i high) {
-          return bytes_to_float(_mm_sub_epi8(_mm_or_si128(nibbles, _mm_and_si128(high, bits45)), bias));
+          return signed_bytes_to_float(_mm_sub_epi8(_mm_or_si128(nibbles, _mm_and_si128(high, bits45)), bias));
         };
         auto lo = [&](__m128i v) { return _mm_and_si128(v, low4); };
         auto hi = [&](__m128i v) { return _mm_and_si128(_mm_srli_epi16(v, 4), low4); };
@@ -514,7 +556,8 @@ template <class W>
 void gemv_rows(const WMat& m, const float* x, const float* xe, const float* xo, int64_t r0, int64_t r1, float* y) {
   const int64_t K = m.cols;
   if constexpr (std::is_same<W, QuantW>::value) {
-    // Whole rows of Q8_0 (and, with AVX-512, Q4_K and Q6_K) blocks: read in place.
+    // Whole rows of Q8_0 (and, with AVX-512, Q4_0, Q4_K, Q5_K and Q6_K) blocks:
+    // read in place.
     const size_t row_bytes = ggml_row_bytes(m.quant, m.row_len());
     auto in_place = [&](auto kernel) {
       in_row_groups<kGemvStreams>(r0, r1, [&](auto ns, int64_t first, int64_t stride) {
@@ -536,7 +579,15 @@ void gemv_rows(const WMat& m, const float* x, const float* xe, const float* xo, 
 #if defined(__AVX512F__)
     if (m.quant == GgmlType::Q4_K && m.row_len() == K)
       return in_place([&](auto ns, const uint8_t* const* w, float* const* yr) {
-        gemv_streams_q4_k<decltype(ns)::value>(w, K, x, yr);
+        gemv_streams_k45<decltype(ns)::value, false>(w, K, x, yr);
+      });
+    if (m.quant == GgmlType::Q5_K && m.row_len() == K)
+      return in_place([&](auto ns, const uint8_t* const* w, float* const* yr) {
+        gemv_streams_k45<decltype(ns)::value, true>(w, K, x, yr);
+      });
+    if (m.quant == GgmlType::Q4_0 && m.row_len() == K)
+      return in_place([&](auto ns, const uint8_t* const* w, float* const* yr) {
+        gemv_streams_q4_0<decltype(ns)::value>(w, K, x, yr);
       });
     if (m.quant == GgmlType::Q6_K && m.row_len() == K)
       return in_place([&](auto ns, const uint8_t* const* w, float* const* yr) {

@@ -182,14 +182,14 @@ TEST(ImplKernels, AGemvRowIsSummedAloneWhicheverRowsAreReadBesideIt) {
 }
 
 TEST(ImplKernels, GgmlRowsReadInPlaceEqualTheRowsDequantisedFirst) {
-  // GGUF Q8_0 and Q4_K weights are read block by block in place for a few
-  // tokens, the other types dequantised a row at a time; each y is bit for
-  // bit the product with the rows dequantised first (as a GEMM's panel and
-  // a view of some columns read them), in any row grouping, interleaved
-  // heads included.
+  // GGUF Q8_0, Q4_0, Q4_K, Q5_K and Q6_K weights are read block by block in
+  // place for a few tokens (all but Q8_0 with AVX-512), the other types
+  // dequantised a row at a time; each y is bit for bit the product with the
+  // rows dequantised first (as a GEMM's panel and a view of some columns
+  // read them), in any row grouping, interleaved heads included.
   ThreadPool pool(2);
   MatmulScratch scratch;
-  for (GgmlType type : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q4_0})
+  for (GgmlType type : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q5_0})
   for (int64_t K : {256, 768, 2048}) {
     SCOPED_TRACE(ggml_type_name(uint32_t(type)));
     const int64_t N = 308;  // 7 heads of 44 rows
