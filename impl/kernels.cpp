@@ -236,13 +236,11 @@ inline void gemv_streams_bf16(const uint16_t* const* w, int64_t K, const float* 
   }
 }
 
-// Q8_0 rows (ggml's blocks of 32 values: an f16 scale d, then 32 int8 q;
-// value d * q), read in place: each block's values are made as
-// dequantize_row_q8_0 makes them (the float32 product q * d) and meet x as
-// gemv_streams<F32W> meets a dequantised row, a block per step (one 16-lane
-// chain for its first 16 values, one for the rest), so y is bit for bit
+// ggml rows read in place (Q8_0; with AVX-512 Q4_0, Q4_K, Q5_K, Q6_K): each
+// value is made as ggml's dequantize_row_* makes it and meets x as
+// gemv_streams<F32W> meets the dequantised row, 32 values per step (one
+// 16-lane chain for the first 16, one for the rest), so y is bit for bit
 // that of the row dequantised first.
-constexpr int64_t kQ8_0Values = 32, kQ8_0Bytes = 34;
 
 // A block's f16 scale at p, as ggml's GGML_FP16_TO_FP32 reads it.
 inline float block_scale(const uint8_t* p) {
@@ -281,22 +279,36 @@ inline v16f int8_to_float(const uint8_t* p) {
   return v;
 }
 
-template <int NS>
-inline void gemv_streams_q8_0(const uint8_t* const* w, int64_t K, const float* x, float* const* y) {
+// Blocks of 32 values q * d (Q8_0, and Q4_0 below): B::kBytes a block, an
+// f16 d first, B::values(block, first, second) its 32 q as float32, 16 and
+// 16; each value the float32 product q * d, a block per step.
+template <class B, int NS>
+inline void gemv_streams_32(const uint8_t* const* w, int64_t K, const float* x, float* const* y) {
   v16f a0[NS], a1[NS];
   for (int s = 0; s < NS; ++s) a0[s] = a1[s] = v16f{};
-  for (int64_t b = 0; b < K / kQ8_0Values; ++b) {
-    const v16f x0 = load16(x + b * kQ8_0Values), x1 = load16(x + b * kQ8_0Values + kLanes);
+  for (int64_t b = 0; b < K / 32; ++b) {
+    const v16f x0 = load16(x + b * 32), x1 = load16(x + b * 32 + kLanes);
     for (int s = 0; s < NS; ++s) {
-      const uint8_t* block = w[s] + b * kQ8_0Bytes;
+      const uint8_t* block = w[s] + b * B::kBytes;
       prefetch_ahead(block);
       const v16f d = v16f{} + block_scale(block);
-      a0[s] += (int8_to_float(block + 2) * d) * x0;
-      a1[s] += (int8_to_float(block + 2 + kLanes) * d) * x1;
+      v16f q0, q1;
+      B::values(block, q0, q1);
+      a0[s] += (q0 * d) * x0;
+      a1[s] += (q1 * d) * x1;
     }
   }
   for (int s = 0; s < NS; ++s) *y[s] = hsum(a0[s] + a1[s]);
 }
+
+// Q8_0: d, then 32 int8 q.
+struct Q8_0Blocks {
+  static constexpr int64_t kBytes = 34;
+  static void values(const uint8_t* block, v16f& first, v16f& second) {
+    first = int8_to_float(block + 2);
+    second = int8_to_float(block + 2 + kLanes);
+  }
+};
 
 #if defined(__AVX512F__)
 // Q4_K and Q5_K rows (ggml's super-blocks of 256 values: f16 d and dmin,
@@ -384,32 +396,18 @@ inline void gemv_streams_k45(const uint8_t* const* w, int64_t K, const float* x,
   for (int s = 0; s < NS; ++s) *y[s] = hsum(a0[s] + a1[s]);
 }
 
-// Q4_0 rows (blocks of 32 values: an f16 d, then 16 bytes whose low nibbles
-// are values 0-15 and high nibbles values 16-31; value (q - 8) * d), read in
-// place: each value made as dequantize_row_q4_0 makes it, a block per step.
-constexpr int64_t kQ4_0Values = 32, kQ4_0Bytes = 18;
-
-template <int NS>
-inline void gemv_streams_q4_0(const uint8_t* const* w, int64_t K, const float* x, float* const* y) {
-  const __m128i low = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
-  v16f a0[NS], a1[NS];
-  for (int s = 0; s < NS; ++s) a0[s] = a1[s] = v16f{};
-  for (int64_t b = 0; b < K / kQ4_0Values; ++b) {
-    const v16f x0 = load16(x + b * kQ4_0Values), x1 = load16(x + b * kQ4_0Values + kLanes);
-    for (int s = 0; s < NS; ++s) {
-      const uint8_t* block = w[s] + b * kQ4_0Bytes;
-      prefetch_ahead(block);
-      const v16f d = v16f{} + block_scale(block);
-      __m128i q;
-      std::memcpy(&q, block + 2, sizeof q);
-      const __m128i lo = _mm_sub_epi8(_mm_and_si128(q, low), eight);
-      const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), low), eight);
-      a0[s] += (signed_bytes_to_float(lo) * d) * x0;
-      a1[s] += (signed_bytes_to_float(hi) * d) * x1;
-    }
+// Q4_0: d, then 16 bytes whose low nibbles are values 0-15 and high
+// nibbles values 16-31, each q - 8.
+struct Q4_0Blocks {
+  static constexpr int64_t kBytes = 18;
+  static void values(const uint8_t* block, v16f& first, v16f& second) {
+    const __m128i low = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
+    __m128i q;
+    std::memcpy(&q, block + 2, sizeof q);
+    first = signed_bytes_to_float(_mm_sub_epi8(_mm_and_si128(q, low), eight));
+    second = signed_bytes_to_float(_mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), low), eight));
   }
-  for (int s = 0; s < NS; ++s) *y[s] = hsum(a0[s] + a1[s]);
-}
+};
 
 // Q6_K rows (ggml's super-blocks of 256 values: 128 bytes of low 4 bits,
 // 64 of high 2 bits, 16 int8 scales of 16 values each, an f16 d; value
@@ -574,7 +572,7 @@ void gemv_rows(const WMat& m, const float* x, const float* xe, const float* xo, 
     };
     if (m.quant == GgmlType::Q8_0 && m.row_len() == K)
       return in_place([&](auto ns, const uint8_t* const* w, float* const* yr) {
-        gemv_streams_q8_0<decltype(ns)::value>(w, K, x, yr);
+        gemv_streams_32<Q8_0Blocks, decltype(ns)::value>(w, K, x, yr);
       });
 #if defined(__AVX512F__)
     if (m.quant == GgmlType::Q4_K && m.row_len() == K)
@@ -587,7 +585,7 @@ void gemv_rows(const WMat& m, const float* x, const float* xe, const float* xo, 
       });
     if (m.quant == GgmlType::Q4_0 && m.row_len() == K)
       return in_place([&](auto ns, const uint8_t* const* w, float* const* yr) {
-        gemv_streams_q4_0<decltype(ns)::value>(w, K, x, yr);
+        gemv_streams_32<Q4_0Blocks, decltype(ns)::value>(w, K, x, yr);
       });
     if (m.quant == GgmlType::Q6_K && m.row_len() == K)
       return in_place([&](auto ns, const uint8_t* const* w, float* const* yr) {
