@@ -30,9 +30,9 @@ struct WMat {
   DType dtype = DType::F32;
   int64_t rows = 0, cols = 0;
   // A ggml block type (GGUF weights): rows of blocks, read in place by the
-  // GEMV (Q8_0; Q4_K and Q6_K with AVX-512) or dequantised a row at a time
-  // with ggml's dequantize_row_*, the same values either way (dtype is
-  // then F32).
+  // GEMV (Q8_0; Q4_0, Q4_K, Q5_K and Q6_K with AVX-512) or dequantised a
+  // row at a time with ggml's dequantize_row_*, the same values either way
+  // (dtype is then F32).
   GgmlType quant = GgmlType::F32;
   // Rows stored in another order (WeightView::interleaved_heads): row r is
   // stored row src_row(r). 0: in order.
