@@ -242,16 +242,29 @@ inline void gemv_streams_bf16(const uint16_t* const* w, int64_t K, const float* 
 // 16-lane chain for the first 16, one for the rest), so y is bit for bit
 // that of the row dequantised first.
 
-// A block's f16 scale at p, as ggml's GGML_FP16_TO_FP32 reads it.
+// A block's f16 scale at p, as ggml reads it.
 inline float block_scale(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, sizeof h);
-#if defined(__F16C__)
-  return _cvtsh_ss(h);
-#else
-  return f16_to_f32(h);  // a NaN scale's products are NaN either way
-#endif
+  return ggml_fp16_to_fp32(h);
 }
+
+#if defined(__AVX512F__)
+// 16 bytes as float32, unsigned (4- and 5-bit values) or signed (the maskz
+// forms: no undefined operand).
+inline v16f unsigned_bytes_to_float(__m128i b) {
+  const __m512i i = _mm512_maskz_cvtepu8_epi32(__mmask16(0xffff), b);
+  v16i w;
+  std::memcpy(&w, &i, sizeof w);
+  return __builtin_convertvector(w, v16f);
+}
+inline v16f signed_bytes_to_float(__m128i b) {
+  const __m512i i = _mm512_maskz_cvtepi8_epi32(__mmask16(0xffff), b);
+  v16i w;
+  std::memcpy(&w, &i, sizeof w);
+  return __builtin_convertvector(w, v16f);
+}
+#endif
 
 // 16 int8 values as float32 (exact). The compiler's generic conversion
 // makes it a lane at a time.
@@ -260,10 +273,7 @@ inline v16f int8_to_float(const uint8_t* p) {
 #if defined(__AVX512F__)
   __m128i q;
   std::memcpy(&q, p, sizeof q);
-  const __m512i i = _mm512_maskz_cvtepi8_epi32(__mmask16(0xffff), q);  // the maskz form: no undefined operand
-  v16i w;
-  std::memcpy(&w, &i, sizeof w);
-  v = __builtin_convertvector(w, v16f);
+  v = signed_bytes_to_float(q);
 #elif defined(__AVX2__)
   __m128i lo = _mm_setzero_si128(), hi = _mm_setzero_si128();
   std::memcpy(&lo, p, 8);
@@ -321,20 +331,6 @@ template <bool kFifthBit>
 struct KQuant45 {
   static constexpr int64_t kValues = 256, kBytes = kFifthBit ? 176 : 144, kQs = kFifthBit ? 48 : 16;
 };
-
-// 16 bytes as float32, unsigned (4- and 5-bit values) or signed.
-inline v16f unsigned_bytes_to_float(__m128i b) {
-  const __m512i i = _mm512_maskz_cvtepu8_epi32(__mmask16(0xffff), b);
-  v16i w;
-  std::memcpy(&w, &i, sizeof w);
-  return __builtin_convertvector(w, v16f);
-}
-inline v16f signed_bytes_to_float(__m128i b) {
-  const __m512i i = _mm512_maskz_cvtepi8_epi32(__mmask16(0xffff), b);
-  v16i w;
-  std::memcpy(&w, &i, sizeof w);
-  return __builtin_convertvector(w, v16f);
-}
 
 // scale * q - min. The product is exact (scale = d * sc has at most 17
 // significant bits, q 5), so it is the same fused into the subtraction or
@@ -425,10 +421,7 @@ inline void gemv_streams_q6_k(const uint8_t* const* w, int64_t K, const float* x
     float scale[NS][16];  // d * scales[j]
     for (int s = 0; s < NS; ++s) {
       const uint8_t* block = w[s] + b * kQ6_KBytes;
-      prefetch_ahead(block);
-      prefetch_ahead(block + 64);
-      prefetch_ahead(block + 128);
-      prefetch_ahead(block + 192);
+      for (int64_t at = 0; at < kQ6_KBytes; at += 64) prefetch_ahead(block + at);
       const float d = block_scale(block + 208);
       for (int j = 0; j < 16; ++j) scale[s][j] = d * int8_t(block[192 + j]);
     }

@@ -4,10 +4,6 @@
 // bit-identical to ggml built without floating-point contraction.
 #include "dumps/formats/ggml_types.h"
 
-#if defined(__F16C__)
-#include <immintrin.h>
-#endif
-
 #include <cfloat>
 #include <cstddef>
 #include <cmath>
@@ -148,25 +144,6 @@ const Traits* traits(uint32_t id) {
 }
 
 // --------------------------------------------------------- scalar helpers
-
-// GGML_FP16_TO_FP32 (ggml_compute_fp16_to_fp32): exact, subnormals included;
-// a NaN comes out quiet, as ggml's float arithmetic leaves it. With F16C one
-// instruction does exactly that (ggml's x86 build uses it too); every block's
-// scale goes through here, and a call per block held its dequantisation up.
-inline float fp16_to_fp32(f16 h) {
-#if defined(__F16C__)
-  return _cvtsh_ss(h);
-#else
-  float f = f16_to_f32(h);
-  if ((h & 0x7c00) == 0x7c00 && (h & 0x03ff) != 0) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    u |= 0x00400000u;
-    std::memcpy(&f, &u, 4);
-  }
-  return f;
-#endif
-}
 
 // GGML_FP32_TO_FP16 (ggml_compute_fp32_to_fp16): round to nearest even,
 // overflow to infinity, NaN to 0x7e00 with the sign kept.
@@ -420,7 +397,7 @@ void pack_2bit(const uint8_t* L, uint8_t* qs) {
 // --------------------------------------------------------- dequantisation
 
 void dequant(const BlockQ4_0& b, float* y) {  // dequantize_row_q4_0
-  const float d = fp16_to_fp32(b.d);
+  const float d = ggml_fp16_to_fp32(b.d);
   for (int j = 0; j < kQK / 2; ++j) {
     const int x0 = (b.qs[j] & 0x0F) - 8;
     const int x1 = (b.qs[j] >> 4) - 8;
@@ -430,8 +407,8 @@ void dequant(const BlockQ4_0& b, float* y) {  // dequantize_row_q4_0
 }
 
 void dequant(const BlockQ4_1& b, float* y) {  // dequantize_row_q4_1
-  const float d = fp16_to_fp32(b.d);
-  const float m = fp16_to_fp32(b.m);
+  const float d = ggml_fp16_to_fp32(b.d);
+  const float m = ggml_fp16_to_fp32(b.m);
   for (int j = 0; j < kQK / 2; ++j) {
     const int x0 = b.qs[j] & 0x0F;
     const int x1 = b.qs[j] >> 4;
@@ -447,7 +424,7 @@ inline uint32_t load_u32(const uint8_t* p) {
 }
 
 void dequant(const BlockQ5_0& b, float* y) {  // dequantize_row_q5_0
-  const float d = fp16_to_fp32(b.d);
+  const float d = ggml_fp16_to_fp32(b.d);
   const uint32_t qh = load_u32(b.qh);
   for (int j = 0; j < kQK / 2; ++j) {
     const int xh_0 = ((qh >> j) << 4) & 0x10;
@@ -460,8 +437,8 @@ void dequant(const BlockQ5_0& b, float* y) {  // dequantize_row_q5_0
 }
 
 void dequant(const BlockQ5_1& b, float* y) {  // dequantize_row_q5_1
-  const float d = fp16_to_fp32(b.d);
-  const float m = fp16_to_fp32(b.m);
+  const float d = ggml_fp16_to_fp32(b.d);
+  const float m = ggml_fp16_to_fp32(b.m);
   const uint32_t qh = load_u32(b.qh);
   for (int j = 0; j < kQK / 2; ++j) {
     const int xh_0 = ((qh >> j) << 4) & 0x10;
@@ -473,14 +450,22 @@ void dequant(const BlockQ5_1& b, float* y) {  // dequantize_row_q5_1
   }
 }
 
-void dequant(const BlockQ8_0& b, float* y) {  // dequantize_row_q8_0
-  const float d = fp16_to_fp32(b.d);
-  for (int j = 0; j < kQK; ++j) y[j] = b.qs[j] * d;
+// dequantize_row_q8_0 of one block, read in place: a block copied out
+// whole first (dequant_blocks) is read back across the pieces the copy
+// wrote, a stall per 32 values.
+void dequant_q8_0(const uint8_t* block, float* y) {
+  f16 h;
+  std::memcpy(&h, block + offsetof(BlockQ8_0, d), sizeof h);
+  const float d = ggml_fp16_to_fp32(h);
+  const auto* q = reinterpret_cast<const int8_t*>(block + offsetof(BlockQ8_0, qs));
+  for (int j = 0; j < kQK; ++j) y[j] = q[j] * d;
 }
 
+void dequant(const BlockQ8_0& b, float* y) { dequant_q8_0(reinterpret_cast<const uint8_t*>(&b), y); }
+
 void dequant(const BlockQ2_K& b, float* y) {  // dequantize_row_q2_K
-  const float d = fp16_to_fp32(b.d);
-  const float min = fp16_to_fp32(b.dmin);
+  const float d = ggml_fp16_to_fp32(b.d);
+  const float min = ggml_fp16_to_fp32(b.dmin);
   const uint8_t* q = b.qs;
   int is = 0;
   for (int n = 0; n < kQK_K; n += 128) {
@@ -496,7 +481,7 @@ void dequant(const BlockQ2_K& b, float* y) {  // dequantize_row_q2_K
 }
 
 void dequant(const BlockQ3_K& b, float* y) {  // dequantize_row_q3_K
-  const float d_all = fp16_to_fp32(b.d);
+  const float d_all = ggml_fp16_to_fp32(b.d);
   const uint8_t* q = b.qs;
   uint8_t m = 1;  // the hmask bit of the current 32 values
   int is = 0;
@@ -516,8 +501,8 @@ void dequant(const BlockQ3_K& b, float* y) {  // dequantize_row_q3_K
 }
 
 void dequant(const BlockQ4_K& b, float* y) {  // dequantize_row_q4_K
-  const float d = fp16_to_fp32(b.d);
-  const float min = fp16_to_fp32(b.dmin);
+  const float d = ggml_fp16_to_fp32(b.d);
+  const float min = ggml_fp16_to_fp32(b.dmin);
   const uint8_t* q = b.qs;
   for (int is = 0; is < 8; is += 2) {  // 64 values: low nibbles, then high nibbles
     uint8_t sc, m;
@@ -532,8 +517,8 @@ void dequant(const BlockQ4_K& b, float* y) {  // dequantize_row_q4_K
 }
 
 void dequant(const BlockQ5_K& b, float* y) {  // dequantize_row_q5_K
-  const float d = fp16_to_fp32(b.d);
-  const float min = fp16_to_fp32(b.dmin);
+  const float d = ggml_fp16_to_fp32(b.d);
+  const float min = ggml_fp16_to_fp32(b.dmin);
   const uint8_t* ql = b.qs;
   uint8_t u1 = 1, u2 = 2;  // the qh bits of the two 32-value halves
   for (int is = 0; is < 8; is += 2) {
@@ -551,7 +536,7 @@ void dequant(const BlockQ5_K& b, float* y) {  // dequantize_row_q5_K
 }
 
 void dequant(const BlockQ6_K& b, float* y) {  // dequantize_row_q6_K
-  const float d = fp16_to_fp32(b.d);
+  const float d = ggml_fp16_to_fp32(b.d);
   const uint8_t* ql = b.ql;
   const uint8_t* qh = b.qh;
   const int8_t* sc = b.scales;
@@ -715,9 +700,9 @@ void quant(const float* x, BlockQ2_K& y) {  // quantize_row_q2_K_ref
   }
   // Levels again, against the scales as stored.
   for (int j = 0; j < kQK_K / 16; ++j) {
-    const float d = fp16_to_fp32(y.d) * (y.scales[j] & 0xF);
+    const float d = ggml_fp16_to_fp32(y.d) * (y.scales[j] & 0xF);
     if (!d) continue;
-    const float dm = fp16_to_fp32(y.dmin) * (y.scales[j] >> 4);
+    const float dm = ggml_fp16_to_fp32(y.dmin) * (y.scales[j] >> 4);
     for (int ii = 0; ii < 16; ++ii) {
       const int l = nearest_int((x[16 * j + ii] + dm) / d);
       L[16 * j + ii] = uint8_t(gmax(0, gmin(3, l)));
@@ -759,7 +744,7 @@ void quant(const float* x, BlockQ3_K& y) {  // quantize_row_q3_K_ref
   // Levels again, against the scales as stored.
   for (int j = 0; j < kQK_K / 16; ++j) {
     const int8_t sc = int8_t(q3_k_scale(y.scales, j) - 32);
-    const float d = fp16_to_fp32(y.d) * sc;
+    const float d = ggml_fp16_to_fp32(y.d) * sc;
     if (!d) continue;
     for (int ii = 0; ii < 16; ++ii) {
       const int l = nearest_int(x[16 * j + ii] / d);
@@ -824,9 +809,9 @@ void quant_k4_scales(const float* x, int nmax, float rmin, int nstep, uint8_t* p
   for (int j = 0; j < kQK_K / 32; ++j) {
     uint8_t sc, m;
     ggml_scale_min_k4(j, packed, &sc, &m);
-    const float d = fp16_to_fp32(*d_out) * sc;
+    const float d = ggml_fp16_to_fp32(*d_out) * sc;
     if (!d) continue;
-    const float dm = fp16_to_fp32(*dmin_out) * m;
+    const float dm = ggml_fp16_to_fp32(*dmin_out) * m;
     for (int ii = 0; ii < 32; ++ii) {
       const int l = nearest_int((x[32 * j + ii] + dm) / d);
       L[32 * j + ii] = uint8_t(gmax(0, gmin(nmax, l)));
@@ -893,7 +878,7 @@ void quant(const float* x, BlockQ6_K& y) {  // quantize_row_q6_K_ref
   for (int ib = 0; ib < kQK_K / 16; ++ib) y.scales[ib] = int8_t(gmin(127, nearest_int(iscale * scales[ib])));
   // Levels again, against the scales as stored.
   for (int j = 0; j < kQK_K / 16; ++j) {
-    const float d = fp16_to_fp32(y.d) * y.scales[j];
+    const float d = ggml_fp16_to_fp32(y.d) * y.scales[j];
     if (!d) continue;
     for (int ii = 0; ii < 16; ++ii) {
       const int l = nearest_int(x[16 * j + ii] / d);
@@ -1030,7 +1015,7 @@ void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n) {
       for (int64_t i = 0; i < n; ++i) {
         uint16_t h;
         std::memcpy(&h, p + 2 * i, 2);
-        dst[i] = fp16_to_fp32(h);
+        dst[i] = ggml_fp16_to_fp32(h);
       }
       return;
     case GgmlType::BF16:  // ggml_bf16_to_fp32_row
@@ -1040,16 +1025,8 @@ void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n) {
         dst[i] = bf16_to_f32(h);
       }
       return;
-    case GgmlType::Q8_0:  // dequantize_row_q8_0, read in place: each block
-      // copied out whole first (dequant_blocks) is read back across the
-      // pieces the copy wrote, a stall per 32 values
-      for (int64_t i = 0; i < n / kQK; ++i, p += sizeof(BlockQ8_0)) {
-        f16 h;
-        std::memcpy(&h, p, sizeof h);
-        const float d = fp16_to_fp32(h);
-        const auto* q = reinterpret_cast<const int8_t*>(p + offsetof(BlockQ8_0, qs));
-        for (int j = 0; j < kQK; ++j) dst[i * kQK + j] = q[j] * d;
-      }
+    case GgmlType::Q8_0:  // each block read in place (dequant_q8_0)
+      for (int64_t i = 0; i < n / kQK; ++i) dequant_q8_0(p + i * int64_t(sizeof(BlockQ8_0)), dst + i * kQK);
       return;
     default:
       if (with_block(t, [&](auto tag) {
@@ -1114,7 +1091,7 @@ void round_activations(GgmlType act, const float* x, float* y, int64_t n) {
       if (y != x) std::memcpy(y, x, size_t(n) * 4);
       return;
     case GgmlType::F16:
-      for (int64_t i = 0; i < n; ++i) y[i] = fp16_to_fp32(fp32_to_fp16(x[i]));
+      for (int64_t i = 0; i < n; ++i) y[i] = ggml_fp16_to_fp32(fp32_to_fp16(x[i]));
       return;
     case GgmlType::BF16:
       for (int64_t i = 0; i < n; ++i) y[i] = bf16_to_f32(f32_to_bf16(x[i]));

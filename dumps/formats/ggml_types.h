@@ -14,8 +14,15 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#include "dumps/base/dtype.h"
 
 namespace llmdiff {
 
@@ -41,6 +48,26 @@ size_t ggml_type_size(GgmlType t);
 // of the block size.
 size_t ggml_row_bytes(GgmlType t, int64_t n);
 bool ggml_is_quantized(GgmlType t);  // a block type (not F32/F16/BF16/I*/F64)
+
+// GGML_FP16_TO_FP32 (ggml_compute_fp16_to_fp32), how ggml reads every
+// block's f16 scale: exact, subnormals included; a NaN comes out quiet, as
+// ggml's float arithmetic leaves it. With F16C one instruction does exactly
+// that (ggml's x86 build uses it too); a call per block held the
+// dequantisation up.
+inline float ggml_fp16_to_fp32(uint16_t h) {
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  float f = f16_to_f32(h);
+  if ((h & 0x7c00) == 0x7c00 && (h & 0x03ff) != 0) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    u |= 0x00400000u;
+    std::memcpy(&f, &u, 4);
+  }
+  return f;
+#endif
+}
 
 // Q4_K / Q5_K: the 6-bit scale and min of sub-block j (0..7) of a
 // super-block from its 12 packed bytes (ggml's get_scale_min_k4). Bytes
